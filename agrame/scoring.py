@@ -1,0 +1,101 @@
+"""Late-interaction scoring: pure tensor functions, no I/O, no model.
+
+All functions take a token similarity matrix ``sim[..., Lq, n]`` (query tokens × passage
+tokens) so that one matrix serves the passage score and every span score (AGRaME §3.1:
+S(q,p) = Σ_i max_j sim_ij, S'(q,s) = Σ_i max_{j∈s} sim_ij).
+
+Masked positions are *filled* with −inf before the max. Multiplying by a 0/1 mask would
+be wrong: with negative similarities a masked 0 would win the max (ColBERT issue #62).
+A span with no token therefore scores −inf ("cannot be scored"), never 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+def similarity(queries: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
+    """``[..., Lq, d] × [..., n, d] → [..., Lq, n]`` dot products (cosine for unit vectors)."""
+    return queries @ docs.transpose(-1, -2)
+
+
+def _query_sum(per_token_max: torch.Tensor, query_mask: torch.Tensor | None) -> torch.Tensor:
+    if query_mask is None:
+        return per_token_max.sum(dim=-1)
+    # Query-side masking is a sum, so a 0 contributes nothing; torch.where keeps −inf
+    # maxima of excluded query tokens from turning the sum into NaN.
+    zero = torch.zeros((), dtype=per_token_max.dtype, device=per_token_max.device)
+    return torch.where(query_mask.bool(), per_token_max, zero).sum(dim=-1)
+
+
+def maxsim(
+    sim: torch.Tensor,
+    doc_mask: torch.Tensor | None = None,
+    query_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Passage score Σ_i max_j sim[..., i, j] over ``doc_mask`` tokens and ``query_mask`` query tokens.
+
+    ``sim``: ``[..., Lq, n]``; ``doc_mask``: ``[..., n]`` (True = token counts, e.g. not
+    padding); ``query_mask``: ``[..., Lq]`` (a sub-query). Returns ``[...]``.
+    """
+    if doc_mask is not None:
+        sim = sim.masked_fill(~doc_mask.bool().unsqueeze(-2), NEG_INF)
+    return _query_sum(sim.amax(dim=-1), query_mask)
+
+
+def span_maxsim(
+    sim: torch.Tensor,
+    span_mask: torch.Tensor,
+    query_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Scores of arbitrary (non-contiguous, overlapping) spans of one passage.
+
+    ``sim``: ``[Lq, n]``; ``span_mask``: ``[S, n]`` boolean; returns ``[S]``.
+    Cost O(S·Lq·n); for disjoint contiguous spans use :func:`segment_maxsim`.
+    """
+    filled = sim.unsqueeze(0).masked_fill(~span_mask.bool().unsqueeze(1), NEG_INF)
+    return _query_sum(filled.amax(dim=-1), query_mask)
+
+
+def segment_maxsim(
+    sim: torch.Tensor,
+    segment_ids: torch.Tensor,
+    num_segments: int,
+    query_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Scores of disjoint segments (sentences) for the cost of one passage score.
+
+    ``sim``: ``[Lq, n]``; ``segment_ids``: ``[n]`` in ``[0, num_segments)`` or −1 for
+    tokens outside every segment. Returns ``[num_segments]``; an empty segment scores −inf.
+    Flatten several passages into one ``[Lq, N·n]`` matrix with globally numbered
+    segments to score all their sentences in one call.
+    """
+    segment_ids = segment_ids.long()
+    inside = segment_ids >= 0
+    ids = segment_ids[inside].unsqueeze(0).expand(sim.shape[0], -1)
+    out = torch.full((sim.shape[0], num_segments), NEG_INF, dtype=sim.dtype, device=sim.device)
+    out = out.scatter_reduce(1, ids, sim[:, inside], reduce="amax", include_self=True)
+    return _query_sum(out.transpose(0, 1), query_mask)
+
+
+def subquery_maxsim(
+    sim: torch.Tensor,
+    query_masks: torch.Tensor,
+    doc_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Scores of several sub-queries (subsets of query tokens) against one passage/span.
+
+    ``sim``: ``[Lq, n]``; ``query_masks``: ``[M, Lq]``; ``doc_mask``: ``[n]``. Returns
+    ``[M]``. The max over passage tokens is taken once and shared by all sub-queries.
+    """
+    if doc_mask is not None:
+        sim = sim.masked_fill(~doc_mask.bool().unsqueeze(0), NEG_INF)
+    per_token = sim.amax(dim=-1)
+    return _query_sum(per_token.unsqueeze(0).expand(query_masks.shape[0], -1), query_masks)
+
+
+def combined_score(span_scores: torch.Tensor, passage_scores: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Score(q, s) = S'(q, s) + α·S(q, p) (AGRaME §3.2), broadcasting passage scores."""
+    return span_scores + alpha * passage_scores
