@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, Iterable, List, Literal, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 
 from . import scoring
@@ -140,7 +141,7 @@ def rank_corpus(
     shared = s_vecs is q_vecs
     for p_lo, p_hi in _chunks(corpus.passage_starts, chunk_tokens):
         t_lo, t_hi = int(corpus.passage_starts[p_lo]), int(corpus.passage_starts[p_hi])
-        vecs = corpus.vectors[t_lo:t_hi].to(torch.float32)
+        vecs = _float32(corpus.vectors[t_lo:t_hi])
         sim = scoring.similarity(q_vecs, vecs)
         local_passage = corpus.token_passage[t_lo:t_hi] - p_lo
         passage_scores[p_lo:p_hi] = scoring.segment_maxsim(sim, local_passage, p_hi - p_lo)
@@ -193,6 +194,13 @@ def rank_corpus(
                               float(span_scores[i]), float(passage_scores[p]),
                               " … ".join(text[s:e] for s, e in pieces), pieces))
     return out
+
+
+def _float32(block) -> torch.Tensor:
+    # Index vectors are float16 on disk; half-precision matmul is slow on CPUs.
+    if isinstance(block, np.ndarray):
+        return torch.from_numpy(np.asarray(block, dtype=np.float32))
+    return block.to(torch.float32)
 
 
 def _chunks(passage_starts: torch.Tensor, chunk_tokens: int) -> Iterable[Tuple[int, int]]:

@@ -1,0 +1,198 @@
+"""The ``agrame`` command line: ``rank``, ``index`` and ``search``.
+
+Usage errors (bad arguments, unreadable or malformed input, a wrong model or index)
+print ``agrame: error: …`` naming the file, line and field, and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+from typing import List, Optional, Sequence
+
+from . import __version__
+from .io import FORMATS, read_passages
+
+EXIT_USAGE = 2
+
+
+class UsageError(ValueError):
+    pass
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return number
+
+
+def _finite_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {value!r}")
+    return number
+
+
+def _add_common(p: argparse.ArgumentParser, granularities: Sequence[str], default_granularity: str) -> None:
+    p.add_argument("--granularity", "-g", choices=granularities, default=default_granularity,
+                   help=f"unit to rank (default: {default_granularity})")
+    p.add_argument("--top-k", "-k", type=_positive_int, default=10, help="results to print (default: 10)")
+    p.add_argument("--alpha", type=_finite_float, default=None,
+                   help="weight of the passage score in S'(q,s) + α·S(q,p) (default: the model's, 0.5)")
+    p.add_argument("--format", "-f", choices=("table", "jsonl"), default="table",
+                   help="table for reading, jsonl for piping (default: table)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agrame",
+        description="Any-granularity ranking: one multi-vector encoding of each passage ranks "
+                    "passages, sentences or any character span inside them.",
+    )
+    parser.add_argument("--version", action="version", version=f"agrame {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    rank = sub.add_parser(
+        "rank", help="rank passages, sentences or spans of a passage file for one query",
+        description="Encode the passages once and rank them, all their sentences, or the spans "
+                    "given in the JSONL 'spans' field, for a query.",
+        epilog="Passage files: JSONL {\"id\", \"text\", \"spans\"?} (spans: [[start, end], …] in "
+               "characters; a span may be a list of pieces), TSV id<TAB>text, or plain text with "
+               "one passage per line. Example: agrame rank -g sentence -q 'What causes coral "
+               "bleaching?' --passages passages.jsonl",
+    )
+    rank.add_argument("--query", "-q", required=True, help="the query text")
+    rank.add_argument("--passages", "-p", required=True, metavar="FILE",
+                      help="passage file, or - for standard input")
+    rank.add_argument("--input-format", choices=FORMATS, default="auto",
+                      help="passage file format (default: by extension, else by content)")
+    _add_common(rank, ("passage", "sentence", "span"), "sentence")
+    rank.add_argument("--model", "-m", metavar="PATH", default=None,
+                      help="model folder (AGRaME, Stanford ColBERT or Hugging Face); default: built-in")
+    rank.add_argument("--batch-size", type=_positive_int, default=32, help="passages per forward pass")
+
+    index = sub.add_parser(
+        "index", help="encode a passage file into an on-disk index folder",
+        description="Encode passages once into a folder of float16 token vectors, offsets and "
+                    "sentence tables, tagged with the model's fingerprint.",
+    )
+    index.add_argument("--passages", "-p", required=True, metavar="FILE", help="passage file, or - for stdin")
+    index.add_argument("--index", "-i", required=True, metavar="DIR", help="index folder to create")
+    index.add_argument("--input-format", choices=FORMATS, default="auto", help="passage file format")
+    index.add_argument("--model", "-m", metavar="PATH", default=None, help="model folder; default: built-in")
+    index.add_argument("--batch-size", type=_positive_int, default=32, help="passages per forward pass")
+    index.add_argument("--overwrite", action="store_true", help="replace an existing index folder")
+
+    search = sub.add_parser(
+        "search", help="rank passages or sentences of an index for a query",
+        description="Exact late-interaction scoring over every passage of an index.",
+    )
+    search.add_argument("query", help="the query text")
+    search.add_argument("--index", "-i", required=True, metavar="DIR", help="index folder")
+    _add_common(search, ("passage", "sentence"), "sentence")
+    search.add_argument("--model", "-m", metavar="PATH", default=None,
+                        help="model folder (default: the one the index was built with)")
+    return parser
+
+
+def _print_results(results, query: str, fmt: str, out=None) -> None:
+    out = out or sys.stdout
+    if fmt == "jsonl":
+        for rank, r in enumerate(results, start=1):
+            record = {"query": query, "rank": rank, **r._asdict()}
+            record["pieces"] = [list(p) for p in r.pieces]
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        return
+    if not results:
+        out.write("no results\n")
+        return
+    width = shutil.get_terminal_size((120, 20)).columns
+    id_w = min(max(len("passage"), *(len(r.passage_id) for r in results)), 24)
+    chars_w = max(len("chars"), *(len(f"{r.start}-{r.end}") for r in results))
+    header = f"{'#':>3}  {'score':>8}  {'passage':<{id_w}}  {'chars':<{chars_w}}  text"
+    out.write(header + "\n")
+    text_w = max(20, width - len(header) + 4)
+    for rank, r in enumerate(results, start=1):
+        text = " ".join(r.text.split())
+        if len(text) > text_w:
+            text = text[: text_w - 1] + "…"
+        pid = r.passage_id if len(r.passage_id) <= id_w else r.passage_id[: id_w - 1] + "…"
+        out.write(f"{rank:>3}  {r.score:>8.3f}  {pid:<{id_w}}  {f'{r.start}-{r.end}':<{chars_w}}  {text}\n")
+
+
+def _cmd_rank(args) -> int:
+    if not args.query.strip():
+        raise UsageError("--query is empty")
+    passages = read_passages(args.passages, args.input_format)
+    if args.granularity == "span" and not any(p.spans for p in passages):
+        raise UsageError(f"{args.passages}: --granularity span needs a JSONL 'spans' field on at least one passage")
+    from .ranker import Ranker
+
+    ranker = Ranker(args.model, alpha=args.alpha, batch_size=args.batch_size)
+    corpus = ranker.encode(passages, progress=len(passages) > 64)
+    results = ranker.rank(args.query, corpus, args.granularity, top_k=args.top_k)
+    _print_results(results, args.query, args.format)
+    return 0
+
+
+def _cmd_index(args) -> int:
+    passages = read_passages(args.passages, args.input_format)
+    from .encoder import load_encoder
+    from .index import build_index
+
+    encoder = load_encoder(args.model)
+    path = build_index(encoder, passages, args.index, batch_size=args.batch_size, overwrite=args.overwrite)
+    print(f"indexed {len(passages)} passages into {path}", file=sys.stderr)
+    return 0
+
+
+def _cmd_search(args) -> int:
+    if not args.query.strip():
+        raise UsageError("the query is empty")
+    from .encoder import load_encoder
+    from .index import check_model, load_index
+    from .ranker import Ranker
+
+    manifest, corpus = load_index(args.index)
+    source = manifest["model"]["source"]
+    model = args.model
+    if model is None and not str(source).startswith("default:"):
+        model = source
+    encoder = load_encoder(model)
+    check_model(manifest, encoder, args.index)
+    ranker = Ranker(encoder, alpha=args.alpha)
+    results = ranker.rank(args.query, corpus, args.granularity, top_k=args.top_k)
+    _print_results(results, args.query, args.format)
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"rank": _cmd_rank, "index": _cmd_index, "search": _cmd_search}
+    try:
+        return handlers[args.command](args)
+    except ValueError as exc:
+        # InputError, UsageError, ModelError, IndexFolderError and the Ranker's own checks
+        # (a span that covers no token, …) are all ValueErrors: the user's input is wrong.
+        print(f"agrame: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:  # `agrame … | head`
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Reading passage files (JSONL, TSV, plain text) with errors that name file, line and field."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import IO, Iterator, List, Optional, Tuple
+
+from .corpus import Passage
+from .spans import normalize_span
+
+FORMATS = ("auto", "jsonl", "tsv", "text")
+
+
+class InputError(ValueError):
+    """Bad user input; ``str()`` reads ``FILE:LINE: field 'F': problem``."""
+
+    def __init__(self, message: str, path: Optional[str] = None, line: Optional[int] = None,
+                 field: Optional[str] = None):
+        self.message, self.path, self.line, self.field = message, path, line, field
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = self.path or ""
+        if self.line is not None:
+            where += f":{self.line}"
+        prefix = f"{where}: " if where else ""
+        field = f"field '{self.field}': " if self.field else ""
+        return f"{prefix}{field}{self.message}"
+
+
+def _open_binary(path: str) -> IO[bytes]:
+    if path == "-":
+        return sys.stdin.buffer
+    p = Path(path)
+    if not p.exists():
+        raise InputError("no such file", path)
+    if p.is_dir():
+        raise InputError("is a folder, not a file", path)
+    return p.open("rb")
+
+
+def read_lines(path: str) -> Iterator[Tuple[int, str]]:
+    """``(line number, text)`` of each line, decoded strictly as UTF-8 (BOM tolerated)."""
+    stream = _open_binary(path)
+    name = "<stdin>" if path == "-" else path
+    try:
+        for number, raw in enumerate(stream, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"invalid UTF-8 at byte {exc.start} of the line", name, number) from None
+            if number == 1:
+                line = line.lstrip("\ufeff")
+            yield number, line.rstrip("\r\n")
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+
+
+def detect_format(path: str, first_line: Optional[str]) -> str:
+    suffix = Path(path).suffix.lower() if path != "-" else ""
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        return "jsonl"
+    if suffix == ".tsv":
+        return "tsv"
+    if first_line is not None and first_line.lstrip().startswith("{"):
+        return "jsonl"
+    return "text"
+
+
+def read_passages(path: str, fmt: str = "auto") -> List[Passage]:
+    """Read passages: JSONL ``{"id", "text", "spans"?}``, TSV ``id<TAB>text`` or one per line.
+
+    Blank lines are skipped. Ids must be unique; JSONL ids default to the passage's
+    0-based position. ``spans`` (JSONL only) is a list of ``[start, end]`` or of lists of
+    such pieces, in characters of ``text``.
+    """
+    if fmt not in FORMATS:
+        raise InputError(f"unknown input format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    name = "<stdin>" if path == "-" else path
+    lines = [(n, line) for n, line in read_lines(path) if line.strip()]
+    if fmt == "auto":
+        fmt = detect_format(path, lines[0][1] if lines else None)
+    passages: List[Passage] = []
+    seen = {}
+    for number, line in lines:
+        if fmt == "jsonl":
+            passage = _parse_jsonl(line, name, number, len(passages))
+        elif fmt == "tsv":
+            if "\t" not in line:
+                raise InputError("expected id<TAB>text, found no tab", name, number)
+            pid, text = line.split("\t", 1)
+            if not pid.strip():
+                raise InputError("empty id", name, number, "id")
+            if not text.strip():
+                raise InputError("empty text", name, number, "text")
+            passage = Passage(pid.strip(), text)
+        else:
+            passage = Passage(str(len(passages)), line)
+        if passage.id in seen:
+            raise InputError(f"duplicate id {passage.id!r} (first on line {seen[passage.id]})", name, number, "id")
+        seen[passage.id] = number
+        passages.append(passage)
+    if not passages:
+        raise InputError("no passages (the input is empty)", name)
+    return passages
+
+
+def _parse_jsonl(line: str, name: str, number: int, position: int) -> Passage:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"malformed JSON: {exc.msg} (column {exc.colno})", name, number) from None
+    if not isinstance(record, dict):
+        raise InputError("expected a JSON object", name, number)
+    if "text" not in record:
+        raise InputError("missing", name, number, "text")
+    text = record["text"]
+    if not isinstance(text, str):
+        raise InputError(f"expected a string, got {type(text).__name__}", name, number, "text")
+    if not text.strip():
+        raise InputError("empty text", name, number, "text")
+    pid = record.get("id", position)
+    if isinstance(pid, bool) or not isinstance(pid, (str, int)):
+        raise InputError(f"expected a string or integer, got {type(pid).__name__}", name, number, "id")
+    pid = str(pid)
+    if not pid.strip():
+        raise InputError("empty id", name, number, "id")
+    spans = None
+    if record.get("spans") is not None:
+        raw = record["spans"]
+        if not isinstance(raw, list):
+            raise InputError("expected a list of [start, end] spans", name, number, "spans")
+        try:
+            spans = tuple(normalize_span(s, len(text)) for s in raw)
+        except (ValueError, TypeError) as exc:
+            raise InputError(str(exc), name, number, "spans") from None
+    return Passage(pid, text, spans)
+
+
+def read_text(path: str) -> str:
+    """Whole UTF-8 text of a file or stdin (``-``), with line-numbered decoding errors."""
+    return "\n".join(line for _, line in read_lines(path))
