@@ -195,7 +195,8 @@ class Encoder(nn.Module):
             per_marker = []
             for i in range(len(texts)):
                 r = m * len(texts) + i
-                per_marker.append(EncodedQuery(vectors[r], torch.tensor(row_offsets[r], dtype=torch.long).reshape(-1, 2)))
+                per_marker.append(EncodedQuery(vectors[r, : len(rows[r])],  # drop the batch's [PAD] rows
+                                               torch.tensor(row_offsets[r], dtype=torch.long).reshape(-1, 2)))
             out.append(per_marker)
         return out
 

@@ -1,0 +1,113 @@
+"""`agrame` end to end on the tiny model: outputs, index/search, exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import pytest
+
+from agrame.cli import main
+
+
+def run(argv, capsys, stdin: bytes | None = None, monkeypatch=None):
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_rank_sentence_jsonl(capsys, coral_file, tiny_model_dir):
+    code, out, _ = run(["rank", "-g", "sentence", "-q", "What causes coral bleaching?", "-p", coral_file,
+                        "-m", tiny_model_dir, "-f", "jsonl", "-k", "3"], capsys)
+    assert code == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["rank"] for r in rows] == [1, 2, 3]
+    assert rows[0]["score"] >= rows[1]["score"] >= rows[2]["score"]
+    texts = {json.loads(line)["id"]: json.loads(line)["text"] for line in coral_file.read_text().splitlines()}
+    for r in rows:
+        assert texts[r["passage_id"]][r["start"]:r["end"]] == r["text"]
+
+
+def test_rank_table_and_passage_granularity(capsys, coral_file, tiny_model_dir):
+    code, out, _ = run(["rank", "-g", "passage", "-q", "reef", "-p", coral_file, "-m", tiny_model_dir], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:4] == ["#", "score", "passage", "chars"]
+    assert len(lines) == 1 + 4
+
+
+def test_rank_spans_from_stdin(capsys, monkeypatch, tiny_model_dir):
+    data = b'{"id": "a", "text": "Coral reefs bleach. Fish swim.", "spans": [[0, 5], [[6, 11], [20, 24]]]}\n'
+    code, out, _ = run(["rank", "-g", "span", "-q", "reefs", "-p", "-", "-m", tiny_model_dir, "-f", "jsonl"],
+                       capsys, stdin=data, monkeypatch=monkeypatch)
+    assert code == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert sorted(tuple(map(tuple, r["pieces"])) for r in rows) == [((0, 5),), ((6, 11), (20, 24))]
+
+
+def test_index_then_search(capsys, coral_file, tiny_model_dir, other_model_dir, tmp_path):
+    idx = tmp_path / "idx"
+    code, _, err = run(["index", "-p", coral_file, "-i", idx, "-m", tiny_model_dir], capsys)
+    assert code == 0 and "indexed 4 passages" in err
+    assert json.loads((idx / "manifest.json").read_text())["num_passages"] == 4
+    code, out, _ = run(["search", "-i", idx, "-f", "jsonl", "-k", "2", "Great Barrier Reef"], capsys)
+    assert code == 0 and len(out.splitlines()) == 2
+    code, out, _ = run(["search", "-i", idx, "-g", "passage", "-f", "jsonl", "reef"], capsys)
+    assert code == 0 and len(out.splitlines()) == 4
+    # Another model is refused, naming the one the index was built with.
+    code, _, err = run(["search", "-i", idx, "-m", other_model_dir, "reef"], capsys)
+    assert code == 2 and "was built with model" in err and str(tiny_model_dir) in err
+    # Existing index is kept unless --overwrite.
+    code, _, err = run(["index", "-p", coral_file, "-i", idx, "-m", tiny_model_dir], capsys)
+    assert code == 2 and "already exists" in err
+    code, _, _ = run(["index", "-p", coral_file, "-i", idx, "-m", tiny_model_dir, "--overwrite"], capsys)
+    assert code == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["idx"]
+
+
+@pytest.mark.parametrize("argv, content, message", [
+    (["rank", "-q", "x"], b'{"id": "a", "text": "ok"}\n{"id": "b" "text": "no"}\n', ":2: malformed JSON"),
+    (["rank", "-q", "x"], b'{"id": "a", "text": ["no"]}\n', ":1: field 'text'"),
+    (["rank", "-q", "x"], b"", "no passages"),
+    (["rank", "-q", "x"], b"\xff\xfe\n", ":1: invalid UTF-8"),
+    (["rank", "-q", "   "], b'{"text": "ok"}\n', "--query is empty"),
+    (["rank", "-q", "x", "-g", "span"], b'{"text": "ok"}\n', "needs a JSONL 'spans' field"),
+    (["rank", "-q", "x", "-m", "/no/such/model"], b'{"text": "ok"}\n', "does not exist"),
+    (["index", "-i", "IDX"], b"", "no passages"),
+])
+def test_usage_errors_exit_2(capsys, tmp_path, tiny_model_dir, argv, content, message):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(content)
+    argv = [a.replace("IDX", str(tmp_path / "idx")) for a in argv] + ["-p", path]
+    if "-m" not in argv:
+        argv += ["-m", tiny_model_dir]
+    code, _, err = run(argv, capsys)
+    assert code == 2
+    assert message in err and err.startswith("agrame: error:")
+    assert not (tmp_path / "idx").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["rank", "-q", "x", "-p", "f", "-g", "word"],
+    ["rank", "-q", "x", "-p", "f", "-k", "0"],
+    ["rank", "-q", "x", "-p", "f", "--alpha", "nan"],
+    ["search", "q"],
+    [],
+])
+def test_argparse_errors_exit_2(capsys, argv):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+
+
+def test_search_missing_index(capsys, tmp_path):
+    code, _, err = run(["search", "-i", tmp_path / "none", "q"], capsys)
+    assert code == 2 and "does not exist" in err
+
+
+def test_help_mentions_formats(capsys):
+    with pytest.raises(SystemExit):
+        main(["rank", "--help"])
+    assert "JSONL" in capsys.readouterr().out

@@ -1,0 +1,132 @@
+"""Every scorer against a naive Python loop on random tensors."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agrame import scoring
+
+NEG = -math.inf
+
+
+@st.composite
+def sims(draw, negative_only: bool = False):
+    lq = draw(st.integers(1, 6))
+    n = draw(st.integers(1, 12))
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    sim = torch.rand((lq, n), generator=g, dtype=torch.float64) * 2 - 1
+    if negative_only or draw(st.booleans()):
+        sim = -sim.abs() - 0.01  # all similarities negative: a 0/1-multiplied mask would win
+    return sim, g
+
+
+def naive_maxsim(sim, doc_mask=None, query_mask=None):
+    lq, n = sim.shape
+    total = 0.0
+    for i in range(lq):
+        if query_mask is not None and not query_mask[i]:
+            continue
+        best = NEG
+        for j in range(n):
+            if doc_mask is None or doc_mask[j]:
+                best = max(best, float(sim[i, j]))
+        total += best
+    return total
+
+
+def close(a, b):
+    if math.isinf(b):
+        return math.isinf(a) and (a > 0) == (b > 0)
+    return abs(a - b) < 1e-9
+
+
+@given(sims(), st.data())
+@settings(max_examples=200, deadline=None)
+def test_maxsim_matches_loop(sim_g, data):
+    sim, g = sim_g
+    lq, n = sim.shape
+    doc_mask = torch.rand(n, generator=g) < data.draw(st.floats(0.1, 1.0))
+    doc_mask[data.draw(st.integers(0, n - 1))] = True
+    query_mask = torch.rand(lq, generator=g) < 0.7
+    assert close(float(scoring.maxsim(sim)), naive_maxsim(sim))
+    assert close(float(scoring.maxsim(sim, doc_mask)), naive_maxsim(sim, doc_mask))
+    assert close(float(scoring.maxsim(sim, doc_mask, query_mask)), naive_maxsim(sim, doc_mask, query_mask))
+
+
+@given(sims(), st.integers(1, 6))
+@settings(max_examples=200, deadline=None)
+def test_span_maxsim_matches_loop(sim_g, num_spans):
+    sim, g = sim_g
+    n = sim.shape[1]
+    masks = torch.rand((num_spans, n), generator=g) < 0.4
+    masks[0] = False
+    masks[0, int(torch.randint(n, (1,), generator=g))] = True  # a single-token span
+    if num_spans > 1:
+        masks[-1] = False  # an empty span scores -inf, never 0
+    got = scoring.span_maxsim(sim, masks)
+    for s in range(num_spans):
+        expected = naive_maxsim(sim, masks[s]) if masks[s].any() else NEG
+        assert close(float(got[s]), expected)
+
+
+@given(sims(), st.integers(1, 5))
+@settings(max_examples=200, deadline=None)
+def test_segment_maxsim_matches_loop_and_span_maxsim(sim_g, num_segments):
+    sim, g = sim_g
+    n = sim.shape[1]
+    ids = torch.randint(-1, num_segments, (n,), generator=g)
+    got = scoring.segment_maxsim(sim, ids, num_segments)
+    one_hot = torch.stack([ids == s for s in range(num_segments)])
+    via_mask = scoring.span_maxsim(sim, one_hot)
+    for s in range(num_segments):
+        expected = naive_maxsim(sim, ids == s) if (ids == s).any() else NEG
+        assert close(float(got[s]), expected)
+        assert close(float(via_mask[s]), expected)
+
+
+@given(sims(), st.integers(1, 4))
+@settings(max_examples=200, deadline=None)
+def test_subquery_maxsim_matches_loop(sim_g, m):
+    sim, g = sim_g
+    lq, n = sim.shape
+    query_masks = torch.rand((m, lq), generator=g) < 0.5
+    doc_mask = torch.ones(n, dtype=torch.bool)
+    doc_mask[torch.rand(n, generator=g) < 0.3] = False
+    doc_mask[0] = True
+    got = scoring.subquery_maxsim(sim, query_masks, doc_mask)
+    for k in range(m):
+        assert close(float(got[k]), naive_maxsim(sim, doc_mask, query_masks[k]))
+
+
+@given(sims(negative_only=True))
+@settings(max_examples=50, deadline=None)
+def test_negative_similarities_are_not_masked_to_zero(sim_g):
+    sim, _ = sim_g
+    n = sim.shape[1]
+    mask = torch.zeros((1, n), dtype=torch.bool)
+    mask[0, 0] = True
+    # Every similarity is negative, so the true score is negative; a multiplied mask gives 0.
+    assert float(scoring.span_maxsim(sim, mask)[0]) < 0
+    assert float(scoring.segment_maxsim(sim, torch.zeros(n, dtype=torch.long), 1)[0]) < 0
+
+
+def test_batched_maxsim_over_passages():
+    g = torch.Generator().manual_seed(3)
+    sim = torch.randn((4, 5, 7), generator=g, dtype=torch.float64)
+    mask = torch.rand((4, 7), generator=g) < 0.6
+    mask[:, 0] = True
+    got = scoring.maxsim(sim, mask)
+    for p in range(4):
+        assert close(float(got[p]), naive_maxsim(sim[p], mask[p]))
+
+
+def test_combined_score_broadcasts_alpha():
+    spans = torch.tensor([1.0, 2.0, 3.0])
+    passages = torch.tensor([10.0, 10.0, 20.0])
+    assert scoring.combined_score(spans, passages, 0.5).tolist() == [6.0, 7.0, 13.0]
+    assert scoring.combined_score(spans, passages, 0.0).tolist() == [1.0, 2.0, 3.0]

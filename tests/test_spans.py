@@ -1,0 +1,107 @@
+"""Span → token mapping and sentence segmentation."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agrame.spans import normalize_span, span_token_mask, split_sentences, token_segments
+
+WORDS = ["naïve", "café", "東京", "Ωmega", "co-op", "U.S.", "e.g.", "42", "😀", "straße", "the", "reef", "—", "..."]
+
+
+@st.composite
+def offsets_and_spans(draw):
+    n = draw(st.integers(0, 15))
+    cuts = sorted(draw(st.lists(st.integers(0, 60), min_size=2 * n, max_size=2 * n)))
+    offsets = [(cuts[2 * i], cuts[2 * i + 1]) for i in range(n)]  # some empty = special tokens
+    spans = draw(st.lists(
+        st.lists(st.tuples(st.integers(0, 59), st.integers(1, 20)).map(lambda t: (t[0], t[0] + t[1])),
+                 min_size=1, max_size=3),
+        max_size=5))
+    return offsets, spans
+
+
+@given(offsets_and_spans())
+@settings(max_examples=300, deadline=None)
+def test_span_token_mask_matches_character_definition(data):
+    offsets, spans = data
+    mask = span_token_mask(torch.tensor(offsets, dtype=torch.long).reshape(-1, 2), spans)
+    assert mask.shape == (len(spans), len(offsets))
+    for i, span in enumerate(spans):
+        chars = set()
+        for s, e in span:
+            chars.update(range(s, e))
+        for j, (ts, te) in enumerate(offsets):
+            assert bool(mask[i, j]) == bool(chars & set(range(ts, te)))
+
+
+def test_special_tokens_belong_to_no_span():
+    offsets = torch.tensor([[0, 0], [0, 0], [0, 5], [6, 9], [0, 0]])
+    mask = span_token_mask(offsets, [(0, 100)])
+    assert mask.tolist() == [[False, False, True, True, False]]
+
+
+def test_token_segments_and_word_cut_in_half():
+    offsets = torch.tensor([[0, 0], [0, 5], [6, 12], [13, 20]])
+    # The second span starts inside the token (6, 12): the token still belongs to a span.
+    segs = token_segments(offsets, [(0, 5), (8, 20)])
+    assert segs.tolist() == [-1, 0, 1, 1]
+
+
+@pytest.mark.parametrize("bad", [(5, 5), (7, 3), (-1, 2), [(0, 2), (4, 1)], [], "ab", [(0, "x")]])
+def test_normalize_span_rejects_bad_spans(bad):
+    with pytest.raises(ValueError):
+        normalize_span(bad)
+
+
+def test_normalize_span_shapes_and_bounds():
+    assert normalize_span((1, 4)) == ((1, 4),)
+    assert normalize_span([(1, 4), (6, 8)]) == ((1, 4), (6, 8))
+    assert normalize_span([[1, 4]]) == ((1, 4),)
+    with pytest.raises(ValueError, match="beyond"):
+        normalize_span((0, 11), text_length=10)
+
+
+def check_sentences(text):
+    spans = split_sentences(text)
+    for (s1, e1), (s2, e2) in zip(spans, spans[1:]):
+        assert e1 <= s2, "sentences are ordered and disjoint"
+    for s, e in spans:
+        assert text[s:e] == text[s:e].strip() and re.search(r"\w", text[s:e])
+    covered = set()
+    for s, e in spans:
+        covered.update(range(s, e))
+    for m in re.finditer(r"\w", text):
+        assert m.start() in covered, f"word character {m.group()!r} at {m.start()} is in no sentence"
+    return spans
+
+
+def test_split_sentences_punkt_abbreviations_and_whitespace():
+    text = "  Dr. Smith went home.   He was tired!\n\nCoral reefs in the U.S. are big. Ok?  "
+    spans = check_sentences(text)
+    assert [text[s:e] for s, e in spans] == [
+        "Dr. Smith went home.", "He was tired!", "Coral reefs in the U.S. are big.", "Ok?"]
+
+
+def test_split_sentences_merges_punctuation_only_pieces():
+    text = "... First one. ! Second one."
+    spans = check_sentences(text)
+    assert all(re.search(r"\w", text[s:e]) for s, e in spans)
+    assert split_sentences("...!?") == []
+
+
+@given(st.lists(st.sampled_from(WORDS + [".", "!", "?", " ", "  ", "\n", "\t"]), max_size=60))
+@settings(max_examples=200, deadline=None)
+def test_split_sentences_covers_every_word_character(tokens):
+    check_sentences(" ".join(tokens))
+
+
+def test_split_sentences_on_a_very_long_passage():
+    text = " ".join(f"Sentence number {i} talks about reefs." for i in range(2000))
+    spans = check_sentences(text)
+    assert len(spans) == 2000
