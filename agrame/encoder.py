@@ -119,15 +119,24 @@ class Encoder(nn.Module):
                 raise ModelError(f"marker {name}={token!r} is not in the tokenizer's vocabulary")
         return ids
 
-    def marker_id(self, name: str) -> Optional[int]:
-        """Vocabulary id of marker ``name`` ("Q", "Q'" or "D"), or None when disabled."""
-        return self._marker_ids[name]
+    def marker_id(self, name: Optional[str]) -> Optional[int]:
+        """Vocabulary id of marker ``name`` ("Q", "Q'" or "D"); None when disabled or ``name`` is None."""
+        return None if name is None else self._marker_ids[name]
 
     def _punctuation_ids(self) -> set:
         ids = set()
         for symbol in string.punctuation:
             ids.update(self.tokenizer.encode(symbol, add_special_tokens=False))
         return ids
+
+    def with_settings(self, **changes) -> "Encoder":
+        """The same weights under other settings (e.g. other markers); weights are shared, not copied."""
+        settings = dataclasses.replace(self.settings, **changes)
+        return Encoder(self.backbone, self.tokenizer, settings, self.projection, source=self.source)
+
+    def same_query_encoding(self, marker_a: Optional[str], marker_b: Optional[str]) -> bool:
+        """True when two query markers resolve to the same input (same token, or both none)."""
+        return self.marker_id(marker_a) == self.marker_id(marker_b)
 
     @property
     def dim(self) -> int:
@@ -167,8 +176,8 @@ class Encoder(nn.Module):
         return [self.tokenizer.cls_token_id] + ([] if marker is None else [marker])
 
     # -- queries -------------------------------------------------------------------
-    def encode_queries(self, texts: Sequence[str], markers: Sequence[str] = ("Q",)) -> List[List[EncodedQuery]]:
-        """Encode every query once per marker, all in one forward batch.
+    def encode_queries(self, texts: Sequence[str], markers: Sequence[Optional[str]] = ("Q",)) -> List[List[EncodedQuery]]:
+        """Encode every query once per marker (None: no marker), all in one forward batch.
 
         Returns ``result[m][i]`` for marker ``markers[m]`` and query ``texts[i]``. A query
         longer than ``query_maxlen`` is kept whole (no silent truncation) and simply gets
@@ -216,7 +225,7 @@ class Encoder(nn.Module):
             starts.append(starts[-1] + stride)
         return starts
 
-    def encode_passages(self, texts: Sequence[str], batch_size: int = 32,
+    def encode_passages(self, texts: Sequence[str], batch_size: int = 16,
                         progress: bool = False) -> List[EncodedPassage]:
         """Encode passages; long ones in overlapping windows mapped back to the full text."""
         ids_list, offs_list = self._tokenize(texts)
@@ -317,15 +326,17 @@ def default_model_path() -> Path:
 
 
 def zero_shot_settings() -> EncoderSettings:
-    """Settings for an untrained backbone: no projection (a random one ruins ranking)."""
-    return EncoderSettings(dim=None, span_query_marker=ZERO_SHOT_SPAN_QUERY_MARKER)
+    """Settings for an untrained backbone.
 
-
-#: Measured by ``python -m benchmarks.marker_choice`` (see benchmarks/README.md): with
-#: untrained markers, encoding the sentence query with [Q] instead of [Q'] ranks
-#: sentences better on a SQuAD *train* sample, and lets both granularities share one
-#: similarity matrix.
-ZERO_SHOT_SPAN_QUERY_MARKER = "Q"
+    No projection: a random one ruins ranking. No query markers: measured by
+    ``python -m benchmarks.marker_choice`` on 900 SQuAD *train* questions (table in
+    benchmarks/README.md), an untrained [Q'] ranks sentences slightly better than [Q], but
+    leaving both queries unmarked is better than either, and then passage and sentence
+    scores share one query encoding and one similarity matrix. [D] stays (ColBERT's
+    document input), untested either way.
+    """
+    return EncoderSettings(dim=None, markers={"Q": None, "Q'": None, "D": DEFAULT_MARKERS["D"]},
+                           span_query_marker="Q")
 
 
 def _without_pooler(factory, arg):

@@ -33,7 +33,7 @@ class IndexFolderError(ValueError):
 
 
 def build_index(encoder: Encoder, passages: Sequence[Passage], path: str | Path, *,
-                batch_size: int = 32, chunk_passages: int = 1024, overwrite: bool = False,
+                batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
                 progress: bool = True) -> Path:
     """Encode ``passages`` and write an index folder at ``path`` (atomically)."""
     path = Path(path)

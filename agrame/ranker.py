@@ -41,7 +41,7 @@ class Ranker:
     """
 
     def __init__(self, model: Union[Encoder, str, Path, None] = None, *, alpha: Optional[float] = None,
-                 batch_size: int = 32, device: str = "cpu"):
+                 batch_size: int = 16, device: str = "cpu"):
         self.encoder = model if isinstance(model, Encoder) else load_encoder(model, device=device)
         self.alpha = self.encoder.settings.alpha if alpha is None else float(alpha)
         self.batch_size = batch_size
@@ -86,7 +86,7 @@ class Ranker:
         if granularity == "passage":
             return self.encoder.encode_query(query, "Q").vectors, None
         marker = self.encoder.settings.span_query_marker
-        if marker == "Q":  # same encoding: the similarity matrix will be shared
+        if self.encoder.same_query_encoding(marker, "Q"):  # one encoding, one similarity matrix
             q = self.encoder.encode_query(query, "Q").vectors
             return q, q
         both = self.encoder.encode_queries([query], ("Q", marker))  # one forward batch

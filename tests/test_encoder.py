@@ -173,3 +173,22 @@ def test_settings_validation():
         EncoderSettings(doc_maxlen=16, doc_overlap=20).validate()
     with pytest.raises(ModelError):
         EncoderSettings(span_query_marker="X").validate()
+
+
+def test_with_settings_shares_weights_and_changes_markers(tiny_encoder):
+    unmarked = tiny_encoder.with_settings(markers={"Q": None, "Q'": None, "D": "[unused1]"})
+    assert unmarked.backbone is tiny_encoder.backbone
+    assert unmarked.marker_id("Q") is None and tiny_encoder.marker_id("Q") is not None
+    assert unmarked.encode_query("reef", "Q").vectors.shape[0] == tiny_encoder.settings.query_maxlen
+    # [CLS] reef [SEP] + masks: the unmarked query has one real token fewer before the masks
+    assert not torch.allclose(unmarked.encode_query("reef", "Q").vectors, tiny_encoder.encode_query("reef", "Q").vectors)
+    assert unmarked.same_query_encoding("Q", "Q'") and not tiny_encoder.same_query_encoding("Q", "Q'")
+
+
+def test_default_zero_shot_settings_use_no_query_markers():
+    from agrame.encoder import zero_shot_settings
+
+    settings = zero_shot_settings()
+    assert settings.dim is None
+    assert settings.markers["Q"] is None and settings.markers["Q'"] is None
+    assert settings.markers["D"] == "[unused1]"

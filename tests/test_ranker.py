@@ -151,3 +151,21 @@ def test_span_of_only_punctuation_is_an_error(tiny_encoder):
 def test_duplicate_ids_are_rejected(tiny_encoder):
     with pytest.raises(ValueError, match="duplicate"):
         Ranker(tiny_encoder).rank("reef", [("a", "x y"), ("a", "z")], "passage")
+
+
+def test_sub_unit_query_is_encoded_once_when_markers_coincide(tiny_encoder, monkeypatch):
+    calls = []
+
+    def spy(encoder):
+        real = encoder.encode_queries
+        monkeypatch.setattr(encoder, "encode_queries",
+                            lambda texts, markers=("Q",): calls.append(tuple(markers)) or real(texts, markers))
+        return encoder
+
+    unmarked = spy(tiny_encoder.with_settings(markers={"Q": None, "Q'": None, "D": "[unused1]"},
+                                              span_query_marker="Q'"))
+    Ranker(unmarked).rank("reef", PASSAGES, "sentence")
+    assert calls == [("Q",)]
+    calls.clear()
+    Ranker(spy(tiny_encoder)).rank("reef", PASSAGES, "sentence")  # [Q] and [Q'] differ: one batch of two
+    assert calls == [("Q", "Q'")]

@@ -1,0 +1,1 @@
+"""Benchmarks: each one command writing a JSON result under benchmarks/results/."""

@@ -1,0 +1,72 @@
+"""Shared benchmark plumbing: where the data lives, loading, result files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def data_dir() -> Path:
+    """The read-only data bundle: ``$AGRAME_DATA``, by default ``../shared/data`` beside the repo."""
+    path = Path(os.environ.get("AGRAME_DATA", REPO.parent / "shared" / "data"))
+    if not path.is_dir():
+        sys.exit(f"error: data folder {path} not found (set AGRAME_DATA)")
+    return path
+
+
+def squad_paragraphs(split: str) -> List[dict]:
+    """SQuAD v1.1 paragraphs: ``{"article", "title", "context", "qas": [{"id", "question", "answer", "answer_start"}]}``."""
+    name = {"train": "train-v1.1.json", "dev": "dev-v1.1.json"}[split]
+    data = json.loads((data_dir() / "squad" / name).read_text())
+    out = []
+    for a, article in enumerate(data["data"]):
+        for paragraph in article["paragraphs"]:
+            qas = [{"id": qa["id"], "question": qa["question"], "answer": qa["answers"][0]["text"],
+                    "answer_start": qa["answers"][0]["answer_start"]} for qa in paragraph["qas"]]
+            out.append({"article": a, "title": article["title"], "context": paragraph["context"], "qas": qas})
+    return out
+
+
+def sample(items: Sequence, limit: Optional[int], seed: int) -> List:
+    items = list(items)
+    if limit is None or limit >= len(items):
+        return items
+    return random.Random(seed).sample(items, limit)
+
+
+def machine() -> dict:
+    import torch
+    return {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "python": platform.python_version(), "torch": torch.__version__}
+
+
+def write_result(name: str, result: dict, out: Optional[str] = None) -> Path:
+    """Write ``result`` plus the exact command and machine to ``benchmarks/results/<name>.json`` (atomically)."""
+    result = {**result, "command": "python -m " + " ".join(
+        [Path(sys.argv[0]).with_suffix("").relative_to(REPO).as_posix().replace("/", ".")]
+        + [shlex.quote(a) for a in sys.argv[1:]]) if Path(sys.argv[0]).is_relative_to(REPO) else " ".join(sys.argv),
+        "machine": machine(), "date": time.strftime("%Y-%m-%d")}
+    path = Path(out) if out else RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def sentence_of(spans: Sequence[Tuple[int, int]], char: int) -> int:
+    """Index of the sentence span holding character ``char`` (nearest following one if between)."""
+    for i, (s, e) in enumerate(spans):
+        if char < e:
+            return i
+    return len(spans) - 1
