@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 
 from .encoder import EncodedPassage
@@ -74,6 +75,71 @@ class EncodedCorpus:
 
     def passage_tokens(self, p: int) -> slice:
         return slice(int(self.passage_starts[p]), int(self.passage_starts[p + 1]))
+
+    def select(self, indices: Sequence[int]) -> "EncodedCorpus":
+        """A new corpus of the given passages, in the given order (e.g. first-stage candidates).
+
+        Works on memory-mapped index vectors too: only the selected rows are read.
+        """
+        idx = [int(i) for i in indices]
+        starts = self.passage_starts.tolist()
+        sent_starts = torch.searchsorted(self.sentence_passage, torch.arange(len(self) + 1)).tolist()
+        token_rows, sentence_rows, new_starts, sentence_map = [], [], [0], []
+        base = 0
+        for p in idx:
+            lo, hi = starts[p], starts[p + 1]
+            token_rows.append(np.arange(lo, hi))
+            s_lo, s_hi = sent_starts[p], sent_starts[p + 1]
+            sentence_rows.append(np.arange(s_lo, s_hi))
+            sentence_map.append((s_lo, base))
+            base += s_hi - s_lo
+            new_starts.append(new_starts[-1] + hi - lo)
+        rows = np.concatenate(token_rows) if token_rows else np.zeros(0, dtype=np.int64)
+        srows = torch.from_numpy(np.concatenate(sentence_rows) if sentence_rows else np.zeros(0, dtype=np.int64))
+        vectors = self.vectors[rows]
+        if isinstance(vectors, np.ndarray):
+            vectors = torch.from_numpy(np.ascontiguousarray(vectors))
+        token_sentence = self.token_sentence[torch.from_numpy(rows)].clone()
+        token_owner = torch.repeat_interleave(torch.arange(len(idx)), torch.tensor(new_starts).diff())
+        for k, (old_first, new_first) in enumerate(sentence_map):
+            inside = (token_owner == k) & (token_sentence >= 0)
+            token_sentence[inside] += new_first - old_first
+        return EncodedCorpus(
+            ids=[self.ids[p] for p in idx], texts=[self.texts[p] for p in idx], vectors=vectors,
+            offsets=self.offsets[torch.from_numpy(rows)], token_passage=token_owner,
+            token_sentence=token_sentence, sentences=self.sentences[srows],
+            sentence_passage=torch.repeat_interleave(
+                torch.arange(len(idx)), torch.tensor([len(r) for r in sentence_rows], dtype=torch.long)),
+            passage_starts=torch.tensor(new_starts, dtype=torch.long),
+            spans={self.ids[p]: self.spans[self.ids[p]] for p in idx if self.ids[p] in self.spans},
+        )
+
+    @classmethod
+    def concat(cls, parts: Sequence["EncodedCorpus"]) -> "EncodedCorpus":
+        """One corpus from several (e.g. index shards), renumbering passages and sentences."""
+        token_base = sentence_base = passage_base = 0
+        token_sentence, token_passage, sentence_passage, starts = [], [], [], [torch.zeros(1, dtype=torch.long)]
+        for part in parts:
+            ts = part.token_sentence
+            token_sentence.append(torch.where(ts >= 0, ts + sentence_base, ts))
+            token_passage.append(part.token_passage + passage_base)
+            sentence_passage.append(part.sentence_passage + passage_base)
+            starts.append(part.passage_starts[1:] + token_base)
+            token_base += part.num_tokens
+            sentence_base += int(part.sentences.shape[0])
+            passage_base += len(part)
+        vectors = [torch.from_numpy(np.asarray(p.vectors)) if isinstance(p.vectors, np.ndarray) else p.vectors
+                   for p in parts]
+        spans: Dict[str, Tuple[SpanLike, ...]] = {}
+        for part in parts:
+            spans.update(part.spans)
+        return cls(
+            ids=[i for p in parts for i in p.ids], texts=[t for p in parts for t in p.texts],
+            vectors=torch.cat(vectors), offsets=torch.cat([p.offsets for p in parts]),
+            token_passage=torch.cat(token_passage), token_sentence=torch.cat(token_sentence),
+            sentences=torch.cat([p.sentences for p in parts]), sentence_passage=torch.cat(sentence_passage),
+            passage_starts=torch.cat(starts), spans=spans,
+        )
 
     @classmethod
     def build(cls, passages: Sequence[Passage], encoded: Sequence[EncodedPassage]) -> "EncodedCorpus":

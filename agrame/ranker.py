@@ -79,10 +79,11 @@ class Ranker:
         corpus = passages if isinstance(passages, EncodedCorpus) else self.encode(passages)
         alpha = self.alpha if alpha is None else float(alpha)
         span_table = self._span_table(corpus, spans) if granularity == "span" else None
-        q_vecs, s_vecs = self._encode_query(query, granularity)
+        q_vecs, s_vecs = self.encode_query(query, granularity)
         return rank_corpus(q_vecs, s_vecs, corpus, granularity, alpha=alpha, top_k=top_k, span_table=span_table)
 
-    def _encode_query(self, query: str, granularity: str) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def encode_query(self, query: str, granularity: str = "sentence") -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Query vectors for S(q,p) and for S'(q,s) (None for passages; the same tensor when shared)."""
         if granularity == "passage":
             return self.encoder.encode_query(query, "Q").vectors, None
         marker = self.encoder.settings.span_query_marker

@@ -169,3 +169,22 @@ def test_sub_unit_query_is_encoded_once_when_markers_coincide(tiny_encoder, monk
     calls.clear()
     Ranker(spy(tiny_encoder)).rank("reef", PASSAGES, "sentence")  # [Q] and [Q'] differ: one batch of two
     assert calls == [("Q", "Q'")]
+
+
+def test_select_and_concat_preserve_rankings(tiny_encoder, tmp_path):
+    ranker = Ranker(tiny_encoder)
+    corpus = ranker.encode(PASSAGES)
+    picked = corpus.select([2, 0])
+    direct = ranker.rank("bleaching reef", [("2", PASSAGES[2]), ("0", PASSAGES[0])], "sentence", top_k=None)
+    via_select = ranker.rank("bleaching reef", picked, "sentence", top_k=None)
+    assert [(r.passage_id, r.start, r.end) for r in direct] == [(r.passage_id, r.start, r.end) for r in via_select]
+    assert torch.allclose(torch.tensor([r.score for r in direct]), torch.tensor([r.score for r in via_select]))
+    rejoined = type(corpus).concat([corpus.select([0, 1]), corpus.select([2, 3])])
+    for name in ("vectors", "offsets", "token_passage", "token_sentence", "sentences", "sentence_passage",
+                 "passage_starts"):
+        assert torch.equal(getattr(rejoined, name), getattr(corpus, name)), name
+    # select also reads from a memory-mapped index
+    build_index(tiny_encoder, [Passage(str(i), t) for i, t in enumerate(PASSAGES)], tmp_path / "idx", progress=False)
+    _, on_disk = load_index(tmp_path / "idx")
+    from_disk = ranker.rank("bleaching reef", on_disk.select([2, 0]), "sentence", top_k=None)
+    assert [(r.passage_id, r.start) for r in from_disk] == [(r.passage_id, r.start) for r in via_select]
