@@ -69,11 +69,14 @@ class PoolBM25:
 
 def bm25_scores(query: Sequence[str], docs: Sequence[Sequence[str]], df: Dict[str, int], n_docs: int,
                 avgdl: float, k1: float = K1, b: float = B) -> List[float]:
-    """Lucene BM25: Σ_t idf(t)·tf·(k1+1) / (tf + k1·(1 − b + b·|d|/avgdl)), idf = ln(1 + (N − df + ½)/(df + ½))."""
+    """Lucene BM25: Σ_t idf(t)·tf / (tf + k1·(1 − b + b·|d|/avgdl)), idf = ln(1 + (N − df + ½)/(df + ½)).
+
+    Lucene (since 8.0) and bm25s drop the constant (k1+1) numerator; rankings are unchanged.
+    """
     idf = {t: math.log(1 + (n_docs - df.get(t, 0) + 0.5) / (df.get(t, 0) + 0.5)) for t in set(query)}
     out = []
     for doc in docs:
         tf = Counter(doc)
         norm = k1 * (1 - b + b * len(doc) / avgdl)
-        out.append(sum(idf[t] * tf[t] * (k1 + 1) / (tf[t] + norm) for t in query if tf.get(t)))
+        out.append(sum(idf[t] * tf[t] / (tf[t] + norm) for t in query if tf.get(t)))
     return out

@@ -16,9 +16,14 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 
 
-def data_dir() -> Path:
+def data_path() -> Path:
     """The read-only data bundle: ``$AGRAME_DATA``, by default ``../shared/data`` beside the repo."""
-    path = Path(os.environ.get("AGRAME_DATA", REPO.parent / "shared" / "data"))
+    return Path(os.environ.get("AGRAME_DATA", REPO.parent / "shared" / "data"))
+
+
+def data_dir() -> Path:
+    """:func:`data_path`, or exit with a message naming the setting when it is missing."""
+    path = data_path()
     if not path.is_dir():
         sys.exit(f"error: data folder {path} not found (set AGRAME_DATA)")
     return path
@@ -50,12 +55,15 @@ def machine() -> dict:
             "python": platform.python_version(), "torch": torch.__version__}
 
 
-def write_result(name: str, result: dict, out: Optional[str] = None) -> Path:
-    """Write ``result`` plus the exact command and machine to ``benchmarks/results/<name>.json`` (atomically)."""
-    result = {**result, "command": "python -m " + " ".join(
-        [Path(sys.argv[0]).with_suffix("").relative_to(REPO).as_posix().replace("/", ".")]
-        + [shlex.quote(a) for a in sys.argv[1:]]) if Path(sys.argv[0]).is_relative_to(REPO) else " ".join(sys.argv),
-        "machine": machine(), "date": time.strftime("%Y-%m-%d")}
+def command_line(module: str, argv: Optional[Sequence[str]]) -> str:
+    """The command that reproduces a run: ``python -m <module> <the arguments parsed>``."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    return shlex.join(["python", "-m", module, *args])
+
+
+def write_result(name: str, result: dict, out: Optional[str], command: str) -> Path:
+    """Write ``result`` with its command and machine to ``benchmarks/results/<name>.json`` (atomically)."""
+    result = {**result, "command": command, "machine": machine(), "date": time.strftime("%Y-%m-%d")}
     path = Path(out) if out else RESULTS / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")

@@ -47,7 +47,7 @@ def load_pool() -> Pool:
     pool = Pool([], [])
     by_text: Dict[str, int] = {}
     for sid, text in sources:
-        key = text.strip()
+        key = text  # exact duplicates only (33,651 → 33,591)
         if key in by_text:
             pool.alias[sid] = by_text[key]
             continue
@@ -56,6 +56,23 @@ def load_pool() -> Pool:
         pool.ids.append(sid)
         pool.texts.append(text)
     return pool
+
+
+def restrict_pool(pool: Pool, keep: Sequence[int], extra: int, seed: int) -> Tuple[Pool, Dict[int, int]]:
+    """A smaller pool for smoke tests: the ``keep`` passages plus ``extra`` seeded others.
+
+    Returns the new pool and the old → new index map. Results on it are not comparable
+    with the full pool (the result file records the pool size).
+    """
+    import random
+
+    chosen = set(keep)
+    others = [i for i in range(len(pool)) if i not in chosen]
+    chosen.update(random.Random(seed).sample(others, min(extra, len(others))))
+    order = sorted(chosen)
+    remap = {old: new for new, old in enumerate(order)}
+    alias = {sid: remap[i] for sid, i in pool.alias.items() if i in remap}
+    return Pool([pool.ids[i] for i in order], [pool.texts[i] for i in order], alias), remap
 
 
 @dataclass

@@ -23,7 +23,7 @@ from agrame.encoder import DEFAULT_MARKERS, load_encoder
 from agrame.ranker import Ranker, rank_corpus
 from agrame.spans import split_sentences
 
-from .common import sentence_of, squad_paragraphs, write_result
+from .common import command_line, sentence_of, squad_paragraphs, write_result
 
 #: label → (marker of the passage query, marker of the sub-unit query); None = no marker.
 VARIANTS = {
@@ -102,7 +102,7 @@ def main(argv=None) -> None:
         "baseline": BASELINE,
         "metrics": metrics, "seconds": round(time.perf_counter() - start, 1),
     }
-    path = write_result("marker_choice", result, args.out)
+    path = write_result("marker_choice", result, args.out, command_line("benchmarks.marker_choice", argv))
     for name, m in metrics.items():
         print(f"{name:>22}: sentence P@1 over article {m['sent_p1_article']:5.1f}  "
               f"within gold paragraph {m['sent_p1_in_gold_paragraph']:5.1f}  "

@@ -22,7 +22,7 @@ from agrame.index import build_index
 from agrame.ranker import Ranker
 from agrame.spans import split_sentences
 
-from .common import sample, squad_paragraphs, write_result
+from .common import command_line, sample, squad_paragraphs, write_result
 
 
 def median_ms(fn, queries, repeats: int = 1) -> float:
@@ -109,7 +109,7 @@ def main(argv=None) -> None:
             "index_bytes_per_passage": round(index_bytes / len(texts)),
         },
     }
-    path = write_result("speed", result, args.out)
+    path = write_result("speed", result, args.out, command_line("benchmarks.speed", argv))
     for k, v in result["metrics"].items():
         print(f"{k}: {v}")
     print(f"wrote {path}")

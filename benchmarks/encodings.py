@@ -1,0 +1,188 @@
+"""Cached encodings of the pooled corpus, built shard by shard (resumable), reused by all runs.
+
+    python -m benchmarks.encodings --what colbert colbert-sentences single-vector
+
+Multi-vector encodings are AGRaME index folders (one per shard); single vectors are
+float16 ``.npy`` shards. Everything lives under ``$AGRAME_CACHE`` (default ``cache/``),
+keyed by the model fingerprint and a hash of the texts, so a changed model or pool never
+reads a stale cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import pickle
+from pathlib import Path
+from typing import List, Sequence, Tuple
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from agrame.corpus import EncodedCorpus, Passage
+from agrame.encoder import Encoder, default_model_path, load_encoder
+from agrame.index import build_index, load_index
+from agrame.spans import split_sentences
+
+from .common import REPO
+from .data import Pool, load_pool
+
+SHARD = 2048
+WHAT = ("colbert", "colbert-sentences", "single-vector")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("AGRAME_CACHE", REPO / "cache"))
+
+
+def _hash(texts: Sequence[str]) -> str:
+    digest = hashlib.sha256()
+    for t in texts:
+        digest.update(t.encode())
+        digest.update(b"\x00")
+    return digest.hexdigest()[:12]
+
+
+def pool_sentences(pool: Pool) -> List[List[Tuple[int, int]]]:
+    """Sentence spans of every pool passage (Punkt), cached."""
+    path = cache_root() / f"sentences-{_hash(pool.texts)}.pkl"
+    if path.exists():
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    spans = [split_sentences(t) for t in tqdm(pool.texts, desc="splitting sentences", disable=None)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        pickle.dump(spans, f)
+    tmp.replace(path)
+    return spans
+
+
+def sentence_texts(pool: Pool, spans: List[List[Tuple[int, int]]]) -> Tuple[List[str], np.ndarray]:
+    """All pool sentences in pool order, and ``starts[p]``: index of passage p's first sentence."""
+    texts = [pool.texts[p][s:e] for p, sp in enumerate(spans) for s, e in sp]
+    starts = np.zeros(len(spans) + 1, dtype=np.int64)
+    starts[1:] = np.cumsum([len(sp) for sp in spans])
+    return texts, starts
+
+
+class MultiVectorCache:
+    """Shards of AGRaME index folders over a list of texts; ``select`` gathers passages."""
+
+    def __init__(self, encoder: Encoder, texts: Sequence[str], name: str):
+        self.encoder, self.texts = encoder, list(texts)
+        self.folder = cache_root() / f"{name}-{encoder.fingerprint()[:12]}-{_hash(self.texts)}"
+        self.n_shards = (len(self.texts) + SHARD - 1) // SHARD
+        self._shards: List[EncodedCorpus] = []
+
+    def ensure(self) -> "MultiVectorCache":
+        missing = [i for i in range(self.n_shards) if not (self.folder / f"shard-{i:05d}").exists()]
+        if missing:
+            bar = tqdm(total=len(missing) * SHARD, desc=f"encoding {self.folder.name}", unit="psg", disable=None)
+            for i in missing:
+                lo = i * SHARD
+                chunk = [Passage(str(j), t) for j, t in enumerate(self.texts[lo:lo + SHARD], start=lo)]
+                build_index(self.encoder, chunk, self.folder / f"shard-{i:05d}", progress=False)
+                bar.update(len(chunk))
+            bar.close()
+        self._shards = [load_index(self.folder / f"shard-{i:05d}")[1] for i in range(self.n_shards)]
+        return self
+
+    def select(self, indices: Sequence[int]) -> EncodedCorpus:
+        """Encoded passages ``indices`` (positions in ``texts``), in that order."""
+        parts = []
+        for i in indices:
+            shard = self._shards[i // SHARD]
+            parts.append((shard, i % SHARD))
+        # Group consecutive picks from one shard to keep the number of gathers small.
+        out, run_shard, run = [], None, []
+        for shard, local in parts:
+            if shard is not run_shard and run:
+                out.append(run_shard.select(run))
+                run = []
+            run_shard = shard
+            run.append(local)
+        if run:
+            out.append(run_shard.select(run))
+        return EncodedCorpus.concat(out) if len(out) > 1 else out[0]
+
+
+class SingleVectorEncoder:
+    """all-MiniLM-L6-v2 as a sentence embedder: mean pooling, unit length (its own recipe), 256 tokens."""
+
+    max_length = 256
+
+    def __init__(self):
+        from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        path = str(default_model_path())
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModel.from_pretrained(path, add_pooling_layer=False).eval()
+
+    @torch.inference_mode()
+    def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        out = np.zeros((len(texts), self.model.config.hidden_size), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        for b in range(0, len(order), batch_size):
+            idx = order[b:b + batch_size]
+            enc = self.tokenizer([texts[i] for i in idx], truncation=True, max_length=self.max_length,
+                                 padding=True, return_tensors="pt")
+            hidden = self.model(**enc).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).float()
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            out[idx] = torch.nn.functional.normalize(pooled, dim=-1).numpy()
+        return out
+
+    def fingerprint(self) -> str:
+        return "minilm-mean-" + hashlib.sha256(str(default_model_path()).encode()).hexdigest()[:8]
+
+
+def single_vectors(texts: Sequence[str], name: str, encoder: SingleVectorEncoder | None = None) -> np.ndarray:
+    """``[len(texts), 384]`` float16 mean-pooled vectors, cached in shards."""
+    encoder = encoder or SingleVectorEncoder()
+    folder = cache_root() / f"{name}-{encoder.fingerprint()}-{_hash(texts)}"
+    folder.mkdir(parents=True, exist_ok=True)
+    shards = []
+    n_shards = (len(texts) + SHARD * 4 - 1) // (SHARD * 4)
+    bar = tqdm(total=len(texts), desc=f"single vectors {name}", unit="txt", disable=None)
+    for i in range(n_shards):
+        path = folder / f"shard-{i:05d}.npy"
+        lo, hi = i * SHARD * 4, min(len(texts), (i + 1) * SHARD * 4)
+        if not path.exists():
+            vectors = encoder.encode(texts[lo:hi]).astype(np.float16)
+            tmp = folder / f".shard-{i:05d}.tmp.npy"
+            np.save(tmp, vectors)
+            tmp.replace(path)
+        shards.append(np.load(path))
+        bar.update(hi - lo)
+    bar.close()
+    return np.concatenate(shards) if shards else np.zeros((0, 384), dtype=np.float16)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--what", nargs="+", choices=WHAT, default=list(WHAT))
+    parser.add_argument("--model", default=None, help="multi-vector model (default: the built-in one)")
+    args = parser.parse_args(argv)
+    pool = load_pool()
+    spans = pool_sentences(pool)
+    sents, _ = sentence_texts(pool, spans)
+    print(f"pool: {len(pool)} passages, {len(sents)} sentences")
+    if "colbert" in args.what or "colbert-sentences" in args.what:
+        encoder = load_encoder(args.model)
+        if "colbert" in args.what:
+            MultiVectorCache(encoder, pool.texts, "colbert-pool").ensure()
+        if "colbert-sentences" in args.what:
+            MultiVectorCache(encoder, sents, "colbert-sentences").ensure()
+    if "single-vector" in args.what:
+        sv = SingleVectorEncoder()
+        single_vectors(pool.texts, "sv-pool", sv)
+        single_vectors(sents, "sv-sentences", sv)
+
+
+if __name__ == "__main__":
+    main()
