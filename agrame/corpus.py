@@ -142,11 +142,17 @@ class EncodedCorpus:
         )
 
     @classmethod
-    def build(cls, passages: Sequence[Passage], encoded: Sequence[EncodedPassage]) -> "EncodedCorpus":
+    def build(cls, passages: Sequence[Passage], encoded: Sequence[EncodedPassage],
+              sentences: Optional[Sequence[Sequence[Tuple[int, int]]]] = None) -> "EncodedCorpus":
+        """Flat corpus from encoded passages; sentence spans by Punkt unless ``sentences`` gives
+        them per passage (disjoint, in order — e.g. a dataset's own segmentation)."""
+        if sentences is not None and len(sentences) != len(passages):
+            raise ValueError(f"sentences: {len(sentences)} lists for {len(passages)} passages")
+        given = sentences
         vectors, offsets, token_passage, token_sentence = [], [], [], []
         sentences, sentence_passage, starts = [], [], [0]
         for p, (passage, enc) in enumerate(zip(passages, encoded)):
-            spans = split_sentences(passage.text)
+            spans = split_sentences(passage.text) if given is None else [tuple(s) for s in given[p]]
             segs = token_segments(enc.offsets, spans)
             base = len(sentences)
             token_sentence.append(torch.where(segs >= 0, segs + base, segs))

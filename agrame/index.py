@@ -34,8 +34,11 @@ class IndexFolderError(ValueError):
 
 def build_index(encoder: Encoder, passages: Sequence[Passage], path: str | Path, *,
                 batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
-                progress: bool = True) -> Path:
-    """Encode ``passages`` and write an index folder at ``path`` (atomically)."""
+                progress: bool = True, sentences: Sequence[Sequence[tuple]] | None = None) -> Path:
+    """Encode ``passages`` and write an index folder at ``path`` (atomically).
+
+    ``sentences`` optionally gives each passage's sentence spans (default: Punkt).
+    """
     path = Path(path)
     if path.exists() and not overwrite:
         raise IndexFolderError(f"{path} already exists (use --overwrite to replace it)")
@@ -56,7 +59,8 @@ def build_index(encoder: Encoder, passages: Sequence[Passage], path: str | Path,
             for lo in range(0, len(passages), chunk_passages):
                 chunk = list(passages[lo:lo + chunk_passages])
                 encoded = encoder.encode_passages([p.text for p in chunk], batch_size=batch_size)
-                part = EncodedCorpus.build(chunk, encoded)
+                given = None if sentences is None else sentences[lo:lo + chunk_passages]
+                part = EncodedCorpus.build(chunk, encoded, given)
                 vec_file.write(part.vectors.to(torch.float16).numpy().tobytes())
                 num_tokens += part.num_tokens
                 # Keep everything but the vectors, which are already on disk.

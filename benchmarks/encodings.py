@@ -71,8 +71,9 @@ def sentence_texts(pool: Pool, spans: List[List[Tuple[int, int]]]) -> Tuple[List
 class MultiVectorCache:
     """Shards of AGRaME index folders over a list of texts; ``select`` gathers passages."""
 
-    def __init__(self, encoder: Encoder, texts: Sequence[str], name: str):
-        self.encoder, self.texts = encoder, list(texts)
+    def __init__(self, encoder: Encoder, texts: Sequence[str], name: str,
+                 spans: Sequence[Sequence[Tuple[int, int]]] | None = None):
+        self.encoder, self.texts, self.spans = encoder, list(texts), spans
         self.folder = cache_root() / f"{name}-{encoder.fingerprint()[:12]}-{_hash(self.texts)}"
         self.n_shards = (len(self.texts) + SHARD - 1) // SHARD
         self._shards: List[EncodedCorpus] = []
@@ -84,7 +85,8 @@ class MultiVectorCache:
             for i in missing:
                 lo = i * SHARD
                 chunk = [Passage(str(j), t) for j, t in enumerate(self.texts[lo:lo + SHARD], start=lo)]
-                build_index(self.encoder, chunk, self.folder / f"shard-{i:05d}", progress=False)
+                given = None if self.spans is None else self.spans[lo:lo + SHARD]
+                build_index(self.encoder, chunk, self.folder / f"shard-{i:05d}", progress=False, sentences=given)
                 bar.update(len(chunk))
             bar.close()
         self._shards = [load_index(self.folder / f"shard-{i:05d}")[1] for i in range(self.n_shards)]

@@ -77,18 +77,112 @@ def render_speed(results: List[dict]) -> str:
     return "\n".join(out)
 
 
+METHOD_ORDER = ["bm25", "single-vector", "colbert-zeroshot-sent", "colbert-zeroshot-psg", "subencoder",
+                "subencoder-zeroshot"]
+
+
+def _method_key(r: dict):
+    name = r["method"]
+    return (METHOD_ORDER.index(name) if name in METHOD_ORDER else len(METHOD_ORDER), name, str(r.get("model")))
+
+
+def _fmt(value) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def _sample_text(r: dict) -> str:
+    s = r["sample"]
+    text = f"{s['questions']:,} of {s['of']:,}"
+    if s.get("seed") is not None:
+        text += f" (seed {s['seed']})"
+    return text
+
+
+def render_open_domain(results: List[dict]) -> str:
+    out = ["## Open-domain passage and sentence ranking (Table 3 analog)", "",
+           "BM25 top-100 passages from the pooled corpus (SQuAD train+dev paragraphs, NQ oracle "
+           "passages, Wikipedia leads), re-ranked by each method; sentences = all sentences of those "
+           "100 passages. P@1 and R@5 (any gold in the top 5) in %. Sub-unit scores of "
+           "`colbert-zeroshot-psg` are S'(q,s) + α·S(q,p) on passage-level encodings; "
+           "`colbert-zeroshot-sent` and the sentence half of `single-vector` encode each sentence "
+           "alone (passage score = best sentence for the former; passage-level encoding for "
+           "`single-vector` passages).", ""]
+    by_dataset = defaultdict(list)
+    for r in results:
+        by_dataset[r["dataset"]].append(r)
+    for dataset in sorted(by_dataset):
+        rows = sorted(by_dataset[dataset], key=_method_key)
+        answer_match = any("metrics_answerable" in r for r in rows)
+        out += [f"### {dataset}", ""]
+        head = "| method | questions | psg P@1 | psg R@5 | sent P@1 | sent R@5 | BM25 R@100 |"
+        sep = "|---|---|---:|---:|---:|---:|---:|"
+        if answer_match:
+            head += " answerable | psg P@1 (ans.) | sent P@1 (ans.) | sent R@5 (ans.) |"
+            sep += "---:|---:|---:|---:|"
+        out += [head + " ms/q |", sep + "---:|"]
+        for r in rows:
+            m = r["metrics"]
+            line = (f"| {r['method']} | {_sample_text(r)} | {_fmt(m.get('psg_p1'))} | {_fmt(m.get('psg_r5'))} "
+                    f"| {_fmt(m.get('sent_p1'))} | {_fmt(m.get('sent_r5'))} | {_fmt(m.get('first_stage_r100'))} |")
+            if answer_match:
+                a = r.get("metrics_answerable", {})
+                line += (f" {_fmt(r.get('answerable_share'))} | {_fmt(a.get('psg_p1'))} | {_fmt(a.get('sent_p1'))} "
+                         f"| {_fmt(a.get('sent_r5'))} |")
+            out.append(line + f" {r['ms_per_question']} |")
+        out += ["", _provenance(rows), ""]
+    return "\n".join(out)
+
+
+def sentence_chart(grouped: Dict[str, List[dict]], path: Path) -> bool:
+    """Bar chart of sentence-level P@1 per method and dataset; False when there is nothing to plot."""
+    points = defaultdict(dict)
+    for kind in ("open_domain", "cross_domain", "atomic_facts"):
+        for r in grouped.get(kind, []):
+            value = r["metrics"].get("sent_p1")
+            if value is not None:
+                points[r["dataset"]][r["method"]] = value
+    if not points:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    datasets = sorted(points)
+    methods = sorted({m for d in points.values() for m in d}, key=lambda m: _method_key({"method": m}))
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(datasets)), 3.6), dpi=120)
+    for k, method in enumerate(methods):
+        xs = [i + k * width for i, d in enumerate(datasets) if method in points[d]]
+        ys = [points[d][method] for d in datasets if method in points[d]]
+        ax.bar(xs, ys, width, label=method)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(datasets))], datasets)
+    ax.set_ylabel("sentence P@1 (%)")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
+    return True
+
+
 RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
+    "open_domain": render_open_domain,
     "marker_choice": render_marker_choice,
     "speed": render_speed,
 }
 
 
-def build(results_dir: Path = RESULTS) -> str:
+def build(results_dir: Path = RESULTS, chart: Path | None = None) -> str:
     grouped = defaultdict(list)
     for path in sorted(results_dir.glob("*.json")):
         result = json.loads(path.read_text())
         grouped[result["benchmark"]].append(result)
     sections = [HEADER]
+    if chart is not None and sentence_chart(grouped, chart):
+        sections.append(f"![sentence-level P@1 per method and dataset]({chart.name})")
     for name, render in RENDERERS.items():
         if grouped.get(name):
             sections.append(render(grouped[name]))
@@ -103,8 +197,10 @@ def main(argv=None) -> None:
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "README.md"))
     args = parser.parse_args(argv)
-    text = build(Path(args.results))
     out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = build(Path(args.results), chart=out.parent / "sentence_p1.png")
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".md.tmp")
     tmp.write_text(text)
     tmp.replace(out)

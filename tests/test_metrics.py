@@ -7,7 +7,7 @@ import math
 import pytest
 
 from benchmarks.metrics import has_answer, normalize_answer, precision_at_1, recall_at_k, summarize
-from benchmarks.open_domain import stable_order
+from benchmarks.rerank import stable_order
 
 
 def test_normalize_answer():

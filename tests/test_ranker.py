@@ -188,3 +188,19 @@ def test_select_and_concat_preserve_rankings(tiny_encoder, tmp_path):
     _, on_disk = load_index(tmp_path / "idx")
     from_disk = ranker.rank("bleaching reef", on_disk.select([2, 0]), "sentence", top_k=None)
     assert [(r.passage_id, r.start) for r in from_disk] == [(r.passage_id, r.start) for r in via_select]
+
+
+def test_given_sentence_spans_replace_punkt(tiny_encoder, tmp_path):
+    texts = ["Alpha beta. Gamma delta", "One two three"]
+    given = [[(0, 5), (6, 23)], [(0, 3), (4, 13)]]
+    encoded = tiny_encoder.encode_passages(texts)
+    from agrame.corpus import EncodedCorpus
+    corpus = EncodedCorpus.build([Passage(str(i), t) for i, t in enumerate(texts)], encoded, given)
+    assert corpus.sentences.tolist() == [[0, 5], [6, 23], [0, 3], [4, 13]]
+    results = Ranker(tiny_encoder).rank("alpha", corpus, "sentence", top_k=None)
+    assert sorted((r.passage_id, r.start, r.end) for r in results) == [("0", 0, 5), ("0", 6, 23), ("1", 0, 3), ("1", 4, 13)]
+    build_index(tiny_encoder, [Passage(str(i), t) for i, t in enumerate(texts)], tmp_path / "i", progress=False,
+                sentences=given)
+    assert load_index(tmp_path / "i")[1].sentences.tolist() == corpus.sentences.tolist()
+    with pytest.raises(ValueError, match="lists for"):
+        EncodedCorpus.build([Passage("0", texts[0])], encoded[:1], given)

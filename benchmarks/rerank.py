@@ -1,0 +1,116 @@
+"""The re-ranking methods every passage+sentence benchmark compares, over one corpus.
+
+A corpus is a list of passage texts with their sentence spans (Punkt, or a dataset's own
+segmentation). BM25 retrieves candidates; each method returns the candidates re-ranked
+and all of their sentences ranked (as global sentence ids).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from agrame.encoder import load_encoder
+from agrame.ranker import Ranker, rank_corpus
+
+from .bm25 import PoolBM25
+from .encodings import MultiVectorCache, SingleVectorEncoder, cache_root, single_vectors
+
+METHODS = ("bm25", "single-vector", "colbert-zeroshot-psg", "colbert-zeroshot-sent")
+
+#: (query id, query text, candidate passage indices) → (ranked passages, ranked global sentence ids)
+Method = Callable[[str, str, np.ndarray], Tuple[List[int], List[int]]]
+
+
+def stable_order(scores: Sequence[float]) -> List[int]:
+    """Indices by descending score; ties keep candidate order (deterministic)."""
+    return sorted(range(len(scores)), key=lambda i: -scores[i])
+
+
+def best_sentence_passages(ranked_sentences: Sequence[int], owner: Callable[[int], int]) -> List[int]:
+    """Passages ordered by their best sentence (passage score = max over its sentences)."""
+    seen, out = set(), []
+    for g in ranked_sentences:
+        p = owner(g)
+        if p not in seen:
+            seen.add(p)
+            out.append(p)
+    return out
+
+
+class Harness:
+    """One corpus (texts + sentence spans), its BM25 index, and the methods over it."""
+
+    def __init__(self, name: str, texts: Sequence[str], spans: Sequence[Sequence[Tuple[int, int]]],
+                 model: Optional[str] = None, alpha: Optional[float] = None):
+        self.name, self.texts, self.spans = name, list(texts), [list(s) for s in spans]
+        self.sentences = [self.texts[p][s:e] for p, sp in enumerate(self.spans) for s, e in sp]
+        self.sent_starts = np.zeros(len(self.spans) + 1, dtype=np.int64)
+        self.sent_starts[1:] = np.cumsum([len(sp) for sp in self.spans])
+        self.model, self.alpha = model, alpha
+        self._bm25: Optional[PoolBM25] = None
+
+    @property
+    def bm25(self) -> PoolBM25:
+        if self._bm25 is None:
+            self._bm25 = PoolBM25(self.texts, cache_root())
+        return self._bm25
+
+    def sentence_ids(self, cands: Sequence[int]) -> List[int]:
+        return [g for p in cands for g in range(int(self.sent_starts[p]), int(self.sent_starts[p + 1]))]
+
+    def owner(self, g: int) -> int:
+        return int(np.searchsorted(self.sent_starts, g, side="right")) - 1
+
+    def make(self, method: str, queries: Sequence[Tuple[str, str]]) -> Tuple[Method, dict]:
+        """The ranking function of ``method`` and a description of its model and settings."""
+        if method == "bm25":
+            def run(qid, text, cands):
+                ids = self.sentence_ids(cands)
+                scores = self.bm25.score_texts(text, [self.sentences[g] for g in ids])
+                return [int(c) for c in cands], [ids[i] for i in stable_order(scores)]
+            return run, {"model": "bm25s (lucene, k1 1.5, b 0.75, en stopwords, snowball)"}
+        if method == "single-vector":
+            encoder = SingleVectorEncoder()
+            psg = single_vectors(self.texts, f"sv-{self.name}", encoder)
+            sent = single_vectors(self.sentences, "sv-sentences", encoder)
+            qv = dict(zip((q for q, _ in queries), encoder.encode([t for _, t in queries])))
+
+            def run(qid, text, cands):
+                v = qv[qid]
+                ids = self.sentence_ids(cands)
+                p_scores = (psg[cands].astype(np.float32) @ v).tolist()
+                s_scores = (sent[ids].astype(np.float32) @ v).tolist()
+                return [int(cands[i]) for i in stable_order(p_scores)], [ids[i] for i in stable_order(s_scores)]
+            return run, {"model": "all-MiniLM-L6-v2 mean pooling (passage-level for passages, "
+                                  "sentence-level for sentences)"}
+        if method not in METHODS:
+            raise SystemExit(f"error: unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        encoder = load_encoder(self.model)
+        ranker = Ranker(encoder, alpha=self.alpha)
+        info = {"model": encoder.source, "alpha": ranker.alpha, "doc_maxlen": encoder.settings.doc_maxlen,
+                "markers": encoder.settings.markers, "span_query_marker": encoder.settings.span_query_marker}
+        if method == "colbert-zeroshot-psg":
+            cache = MultiVectorCache(encoder, self.texts, f"colbert-{self.name}", self.spans).ensure()
+
+            def run(qid, text, cands):
+                corpus = cache.select(cands)
+                qv, sv = ranker.encode_query(text, "sentence")
+                passages = rank_corpus(qv, None, corpus, "passage", alpha=ranker.alpha, top_k=None)
+                sents = rank_corpus(qv, sv, corpus, "sentence", alpha=ranker.alpha, top_k=None)
+                starts = {int(p): [s for s, _ in self.spans[int(p)]] for p in cands}
+                return [int(r.passage_id) for r in passages], \
+                       [int(self.sent_starts[int(r.passage_id)]) + starts[int(r.passage_id)].index(r.start)
+                        for r in sents]
+            return run, info
+        cache = MultiVectorCache(encoder, self.sentences, "colbert-sentences").ensure()
+
+        def run(qid, text, cands):  # colbert-zeroshot-sent: every sentence encoded alone
+            ids = self.sentence_ids(cands)
+            qv, _ = ranker.encode_query(text, "passage")
+            # The sentence cache's passage ids are global sentence ids.
+            ranked = [int(r.passage_id) for r in rank_corpus(qv, None, cache.select(ids), "passage",
+                                                             alpha=0, top_k=None)]
+            return best_sentence_passages(ranked, self.owner), ranked
+        return run, {**info, "alpha": None}
