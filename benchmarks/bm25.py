@@ -62,6 +62,15 @@ class PoolBM25:
         docs, scores = self.retriever.retrieve(q_tokens, k=k, show_progress=False, n_threads=0)
         return np.asarray(docs), np.asarray(scores)
 
+    def scores_all(self, query: str) -> np.ndarray:
+        """BM25 of every indexed text for ``query`` (bm25s's sparse scorer)."""
+        tokens = tokenize([query])[0]
+        if not tokens:
+            return np.zeros(self.n_docs, dtype=np.float32)
+        vocab = self.retriever.vocab_dict
+        ids = [vocab[t] for t in tokens if t in vocab]
+        return np.asarray(self.retriever.get_scores(ids)) if ids else np.zeros(self.n_docs, dtype=np.float32)
+
     def score_texts(self, query: str, texts: Sequence[str]) -> List[float]:
         """BM25 of each text for ``query`` with the pool's idf and average length."""
         return bm25_scores(tokenize([query])[0], tokenize(texts), self.df, self.n_docs, self.avgdl)

@@ -116,12 +116,13 @@ class SingleVectorEncoder:
 
     max_length = 256
 
-    def __init__(self):
+    def __init__(self, model_path: str | None = None):
         from transformers import AutoModel, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
-        path = str(default_model_path())
+        path = str(model_path or default_model_path())
+        self.path = path
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModel.from_pretrained(path, add_pooling_layer=False).eval()
 
@@ -140,7 +141,7 @@ class SingleVectorEncoder:
         return out
 
     def fingerprint(self) -> str:
-        return "minilm-mean-" + hashlib.sha256(str(default_model_path()).encode()).hexdigest()[:8]
+        return "mean-" + hashlib.sha256(self.path.encode()).hexdigest()[:8]
 
 
 def single_vectors(texts: Sequence[str], name: str, encoder: SingleVectorEncoder | None = None) -> np.ndarray:

@@ -65,6 +65,8 @@ def main(argv=None) -> None:
     parser.add_argument("--alpha", type=float, default=None, help="α in S'(q,s) + α·S(q,p) (default: model's)")
     parser.add_argument("--pool-limit", type=int, default=None,
                         help="smoke tests only: gold passages plus this many others (not comparable)")
+    parser.add_argument("--baseline-model", default=None,
+                        help="Hugging Face folder for the single-vector/SubEncoder baselines (default: MiniLM)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
@@ -76,7 +78,7 @@ def main(argv=None) -> None:
         pool, remap = restrict_pool(pool, keep, args.pool_limit, args.seed)
         for q in questions:
             q.gold_passage = remap.get(q.gold_passage) if q.gold_passage is not None else None
-    harness = Harness("pool", pool.texts, pool_sentences(pool), args.model, args.alpha)
+    harness = Harness("pool", pool.texts, pool_sentences(pool), args.model, args.alpha, args.baseline_model)
     answerable = None
     if questions[0].gold_passage is None:
         matcher = PoolMatcher(pool.texts)

@@ -43,7 +43,9 @@ class Harness:
     """One corpus (texts + sentence spans), its BM25 index, and the methods over it."""
 
     def __init__(self, name: str, texts: Sequence[str], spans: Sequence[Sequence[Tuple[int, int]]],
-                 model: Optional[str] = None, alpha: Optional[float] = None):
+                 model: Optional[str] = None, alpha: Optional[float] = None,
+                 baseline_model: Optional[str] = None):
+        self.baseline_model = baseline_model
         self.name, self.texts, self.spans = name, list(texts), [list(s) for s in spans]
         self.sentences = [self.texts[p][s:e] for p, sp in enumerate(self.spans) for s, e in sp]
         self.sent_starts = np.zeros(len(self.spans) + 1, dtype=np.int64)
@@ -72,7 +74,7 @@ class Harness:
                 return [int(c) for c in cands], [ids[i] for i in stable_order(scores)]
             return run, {"model": "bm25s (lucene, k1 1.5, b 0.75, en stopwords, snowball)"}
         if method == "single-vector":
-            encoder = SingleVectorEncoder()
+            encoder = SingleVectorEncoder(self.baseline_model)
             psg = single_vectors(self.texts, f"sv-{self.name}", encoder)
             sent = single_vectors(self.sentences, "sv-sentences", encoder)
             qv = dict(zip((q for q, _ in queries), encoder.encode([t for _, t in queries])))
@@ -83,8 +85,8 @@ class Harness:
                 p_scores = (psg[cands].astype(np.float32) @ v).tolist()
                 s_scores = (sent[ids].astype(np.float32) @ v).tolist()
                 return [int(cands[i]) for i in stable_order(p_scores)], [ids[i] for i in stable_order(s_scores)]
-            return run, {"model": "all-MiniLM-L6-v2 mean pooling (passage-level for passages, "
-                                  "sentence-level for sentences)"}
+            return run, {"model": f"{self.baseline_model or 'all-MiniLM-L6-v2'} mean pooling (passage-level "
+                                  "for passages, sentence-level for sentences)"}
         if method not in METHODS:
             raise SystemExit(f"error: unknown method {method!r}; choose one of {', '.join(METHODS)}")
         encoder = load_encoder(self.model)

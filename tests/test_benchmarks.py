@@ -29,7 +29,7 @@ def test_open_domain_smoke(tmp_path, tiny_model_dir, dataset, method):
 
     out = tmp_path / "result.json"
     open_domain.main(["--dataset", dataset, "--method", method, "--limit", "3", "--pool-limit", "40",
-                      "--model", str(tiny_model_dir), "--out", str(out)])
+                      "--model", str(tiny_model_dir), "--baseline-model", str(tiny_model_dir), "--out", str(out)])
     result = json.loads(out.read_text())
     assert result["sample"]["questions"] == 3 and result["pool_passages"] <= 43
     for key in ("psg_p1", "psg_r5", "first_stage_r100"):
@@ -39,3 +39,50 @@ def test_open_domain_smoke(tmp_path, tiny_model_dir, dataset, method):
     if dataset == "webq":
         assert "answerable_share" in result
     assert result["command"].startswith(f"python -m benchmarks.open_domain --dataset {dataset} --method {method}")
+
+
+@pytest.mark.parametrize("method", ["bm25", "colbert-zeroshot-psg", "colbert-zeroshot-sent", "single-vector"])
+def test_cross_domain_smoke(tmp_path, tiny_model_dir, method):
+    from benchmarks import cross_domain
+
+    out = tmp_path / "result.json"
+    cross_domain.main(["--method", method, "--limit", "3", "--corpus-limit", "30", "--model", str(tiny_model_dir),
+                       "--baseline-model", str(tiny_model_dir), "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["dataset"] == "scifact-dev" and result["sample"]["questions"] == 3
+    assert all(0 <= v <= 100 for v in result["metrics"].values())
+
+
+def test_scifact_spans_match_sentences():
+    from benchmarks.cross_domain import load_scifact
+
+    doc_ids, texts, spans, index_maps = load_scifact()
+    assert len(doc_ids) == 5183
+    for text, sp in zip(texts[:200], spans[:200]):
+        assert " ".join(text[s:e] for s, e in sp) == text
+
+
+@pytest.mark.parametrize("method, extra", [
+    ("bm25", []), ("colbert-zeroshot-psg", []), ("colbert-zeroshot-sent", []), ("single-vector", []),
+    ("subencoder-zeroshot", []),
+    ("subencoder", ["--folds", "2", "--epochs", "1", "--max-train-pairs", "4"]),
+])
+def test_atomic_facts_smoke(tmp_path, tiny_model_dir, method, extra):
+    from benchmarks import atomic_facts
+
+    out = tmp_path / "result.json"
+    atomic_facts.main(["--method", method, "--limit", "4", "--model", str(tiny_model_dir),
+                       "--baseline-model", str(tiny_model_dir), "--out", str(out), *extra])
+    result = json.loads(out.read_text())
+    assert result["sample"]["questions"] == 4 and result["sample"]["candidates"] == 3977
+    assert set(result["metrics"]) == {"prop_p1", "prop_r5", "sent_p1", "sent_r5"}
+
+
+def test_propsegment_protocol_counts():
+    from benchmarks.propsegment import load_atomic
+
+    data = load_atomic()
+    assert len(data.queries) == 349 and len(data.candidates) == 3977
+    for q in data.queries:
+        assert all(data.candidates[i][0] in q.gold_sentences for i in q.gold)
+        assert q.sentence not in {data.candidates[i][0] for i in q.gold} or q.sentence in q.gold_sentences

@@ -1,0 +1,281 @@
+"""Atomic-fact (proposition) retrieval (AGRaME Table 6 analog) on PropSegmEnt dev, Wikipedia part.
+
+    python -m benchmarks.atomic_facts --method colbert-zeroshot-psg
+
+Query: a hypothesis proposition (token mask inside its sentence) whose majority label is
+ENTAILS. Candidates: all reference propositions of the dev and test Wikipedia clusters
+(test ones are distractors), except those of the query's own sentence. Gold rules in
+benchmarks.propsegment. Sentence score = the best score of its propositions (one rule for
+every method); gold sentence = a premise sentence holding a supporting proposition.
+
+Methods: ``bm25`` (proposition texts, statistics of the candidate set);
+``single-vector`` (MiniLM mean pooling of each proposition's text alone);
+``colbert-zeroshot-psg`` (candidate sentences and the query sentence each encoded whole,
+sub-query → sub-unit MaxSim: only the query proposition's tokens score, against only
+the candidate proposition's tokens; AGRaME §4.2); ``colbert-zeroshot-sent`` (proposition
+texts encoded alone, multi-vector); ``subencoder-zeroshot`` (whole-sentence encoding,
+mean pooling under each proposition's mask, no head); ``subencoder`` (the same plus an
+MLP head, trained with SupCon on ENTAILS pairs, cross-validated by cluster: each query
+is scored by a model that never saw its cluster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from agrame.corpus import EncodedCorpus, Passage
+from agrame.encoder import load_encoder
+from agrame.ranker import Ranker
+from agrame.scoring import similarity, span_maxsim
+from agrame.spans import span_token_mask
+
+from .bm25 import PoolBM25
+from .common import command_line, write_result
+from .metrics import precision_at_1, recall_at_k, summarize
+from .propsegment import JACCARD_MIN, AtomicData, Query, jaccard, load_atomic
+from .rerank import stable_order
+
+METHODS = ("bm25", "single-vector", "colbert-zeroshot-psg", "colbert-zeroshot-sent", "subencoder-zeroshot",
+           "subencoder")
+
+
+def candidate_texts(data: AtomicData) -> List[str]:
+    return [data.sentences[k].proposition_text(t) for k, t in data.candidates]
+
+
+def query_text(data: AtomicData, q: Query) -> str:
+    return data.sentences[q.sentence].proposition_text(q.tokens)
+
+
+def judge(data: AtomicData, q: Query, scores: np.ndarray) -> Dict[str, float]:
+    """Metrics from one score per candidate; the query's own sentence is excluded here."""
+    allowed = [i for i, (k, _) in enumerate(data.candidates) if k != q.sentence]
+    order = [allowed[i] for i in stable_order(scores[allowed].tolist())]
+    gold = set(q.gold)
+    prop_rel = [i in gold for i in order]
+    seen, sent_rel = set(), []
+    for i in order:  # sentences ranked by their best proposition
+        key = data.candidates[i][0]
+        if key not in seen:
+            seen.add(key)
+            sent_rel.append(key in q.gold_sentences)
+    return {"prop_p1": precision_at_1(prop_rel), "prop_r5": recall_at_k(prop_rel, 5),
+            "sent_p1": precision_at_1(sent_rel), "sent_r5": recall_at_k(sent_rel, 5)}
+
+
+# -- scorers: each returns scores[query, candidate] --------------------------------------
+
+def score_bm25(data: AtomicData, queries: Sequence[Query]) -> np.ndarray:
+    bm25 = PoolBM25(candidate_texts(data))
+    return np.stack([bm25.scores_all(query_text(data, q)) for q in queries])
+
+
+def score_single_vector(data: AtomicData, queries: Sequence[Query], baseline: Optional[str]) -> np.ndarray:
+    from .encodings import SingleVectorEncoder
+
+    encoder = SingleVectorEncoder(baseline)
+    cands = encoder.encode(candidate_texts(data))
+    qs = encoder.encode([query_text(data, q) for q in queries])
+    return qs @ cands.T
+
+
+def score_colbert_psg(data: AtomicData, queries: Sequence[Query], model: Optional[str], alpha: float) -> np.ndarray:
+    encoder = load_encoder(model)
+    ranker = Ranker(encoder)
+    keys = sorted({k for k, _ in data.candidates})
+    row = {k: i for i, k in enumerate(keys)}
+    corpus = ranker.encode([Passage(str(i), data.sentences[k].text) for i, k in enumerate(keys)])
+    by_sentence = defaultdict(list)
+    for c, (k, tokens) in enumerate(data.candidates):
+        by_sentence[row[k]].append(c)
+    masks = {}
+    for p, cands in by_sentence.items():
+        offsets = corpus.offsets[corpus.passage_tokens(p)]
+        masks[p] = span_token_mask(offsets, [data.sentences[data.candidates[c][0]].pieces(data.candidates[c][1])
+                                             for c in cands])
+    out = np.zeros((len(queries), len(data.candidates)), dtype=np.float32)
+    for qi, q in enumerate(tqdm(queries, desc="colbert sub-query", disable=None)):
+        sentence = data.sentences[q.sentence]
+        query = encoder.encode_query(sentence.text, encoder.settings.span_query_marker)  # the sub-unit query
+        q_mask = span_token_mask(query.offsets, [sentence.pieces(q.tokens)])[0]
+        sim = similarity(query.vectors, corpus.vectors)
+        for p, cands in by_sentence.items():
+            sl = corpus.passage_tokens(p)
+            scores = span_maxsim(sim[:, sl], masks[p], q_mask)
+            if alpha:
+                scores = scores + alpha * span_maxsim(sim[:, sl], torch.ones((1, sl.stop - sl.start), dtype=torch.bool),
+                                                      q_mask)
+            out[qi, cands] = scores.numpy()
+    return out
+
+
+def score_colbert_sent(data: AtomicData, queries: Sequence[Query], model: Optional[str]) -> np.ndarray:
+    encoder = load_encoder(model)
+    ranker = Ranker(encoder)
+    corpus = ranker.encode(candidate_texts(data))
+    out = np.zeros((len(queries), len(data.candidates)), dtype=np.float32)
+    for qi, q in enumerate(tqdm(queries, desc="colbert proposition alone", disable=None)):
+        for r in ranker.rank(query_text(data, q), corpus, "passage", top_k=None):
+            out[qi, int(r.passage_id)] = r.score
+    return out
+
+
+def _subencoder_scores(model, data: AtomicData, queries: Sequence[Query]) -> np.ndarray:
+    keys = sorted({k for k, _ in data.candidates})
+    spans = defaultdict(list)
+    order = []
+    for c, (k, tokens) in enumerate(data.candidates):
+        spans[k].append(data.sentences[k].pieces(tokens))
+    for k in keys:
+        order.extend(c for c, (kk, _) in enumerate(data.candidates) if kk == k)
+    vectors = model.encode([data.sentences[k].text for k in keys], [spans[k] for k in keys])
+    cand = torch.empty_like(vectors)
+    cand[torch.tensor(order)] = vectors
+    qv = model.encode([data.sentences[q.sentence].text for q in queries],
+                      [[data.sentences[q.sentence].pieces(q.tokens)] for q in queries])
+    return (qv @ cand.T).numpy()
+
+
+def score_subencoder_zeroshot(data: AtomicData, queries: Sequence[Query], baseline: Optional[str]) -> np.ndarray:
+    from training.subencoder import SubEncoder
+
+    return _subencoder_scores(SubEncoder(head=False, model_path=baseline), data, queries)
+
+
+def training_batches(data: AtomicData, queries: Sequence[Query], pairs_per_batch: int, seed: int) -> List[List]:
+    """SupCon batches: each ENTAILS pair is a positive group; the other reference propositions
+    of the two sentences (Jaccard < 0.5 to the pair's member) are negatives. Duplicate
+    propositions within a batch are merged, and so are their labels."""
+    import random
+
+    rng = random.Random(seed)
+    items_per_query = []
+    for q in queries:
+        hyp = data.sentences[q.sentence]
+        group = [(hyp.text, hyp.pieces(q.tokens), "pos")]
+        negatives = [(hyp.text, hyp.pieces(p)) for p in hyp.propositions if jaccard(p, q.tokens) < JACCARD_MIN]
+        for premise, support in q.supports[:1]:
+            s = data.sentences[premise]
+            group.append((s.text, s.pieces(support), "pos"))
+            negatives += [(s.text, s.pieces(p)) for p in s.propositions if jaccard(p, support) < JACCARD_MIN]
+        items_per_query.append((group, negatives))
+    rng.shuffle(items_per_query)
+    batches = []
+    for b in range(0, len(items_per_query), pairs_per_batch):
+        label_of: Dict = {}
+        parent: Dict[int, int] = {}
+
+        def find(x):
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        next_label = 0
+        for group, negatives in items_per_query[b:b + pairs_per_batch]:
+            group_label = None
+            for text, span, _ in group:
+                key = (text, span)
+                if key not in label_of:
+                    label_of[key] = next_label
+                    parent[next_label] = next_label
+                    next_label += 1
+                if group_label is None:
+                    group_label = find(label_of[key])
+                else:
+                    parent[find(label_of[key])] = group_label
+            for text, span in negatives:
+                key = (text, span)
+                if key not in label_of:
+                    label_of[key] = next_label
+                    parent[next_label] = next_label
+                    next_label += 1
+        batches.append([(text, span, find(label)) for (text, span), label in label_of.items()])
+    return batches
+
+
+def score_subencoder_cv(data: AtomicData, queries: Sequence[Query], folds: int, epochs: int, seed: int,
+                        log, max_train_pairs: Optional[int] = None,
+                        baseline: Optional[str] = None) -> tuple[np.ndarray, list]:
+    from training.subencoder import train_subencoder
+
+    clusters = sorted({q.sentence[0] for q in data.queries})
+    fold_of = {c: i % folds for i, c in enumerate(clusters)}
+    out = np.zeros((len(queries), len(data.candidates)), dtype=np.float32)
+    info = []
+    for f in range(folds):
+        train = [q for q in data.queries if fold_of[q.sentence[0]] != f][:max_train_pairs]
+        test_idx = [i for i, q in enumerate(queries) if fold_of[q.sentence[0]] == f]
+        if not test_idx:
+            continue
+        log(f"fold {f + 1}/{folds}: train on {len(train)} pairs, score {len(test_idx)} queries")
+        model = train_subencoder(training_batches(data, train, 8, seed + f), epochs=epochs, seed=seed + f, log=log,
+                                 model_path=baseline)
+        out[test_idx] = _subencoder_scores(model, data, [queries[i] for i in test_idx])
+        info.append({"fold": f, "train_pairs": len(train), "test_queries": len(test_idx),
+                     "clusters": [c for c in clusters if fold_of[c] == f]})
+    return out, info
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--method", required=True, choices=METHODS)
+    parser.add_argument("--limit", type=int, default=None, help="first N queries (smoke tests)")
+    parser.add_argument("--model", default=None, help="multi-vector model for the colbert methods")
+    parser.add_argument("--alpha", type=float, default=0.0,
+                        help="weight of the sub-query's score against the whole candidate sentence (default 0)")
+    parser.add_argument("--folds", type=int, default=5, help="subencoder: cross-validation folds over clusters")
+    parser.add_argument("--epochs", type=int, default=5, help="subencoder: training epochs per fold")
+    parser.add_argument("--max-train-pairs", type=int, default=None, help="subencoder: smoke tests only")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--baseline-model", default=None,
+                        help="Hugging Face folder for the single-vector/SubEncoder baselines (default: MiniLM)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+
+    data = load_atomic()
+    queries = data.queries[: args.limit] if args.limit else data.queries
+    start = time.perf_counter()
+    info: dict = {}
+    if args.method == "bm25":
+        scores = score_bm25(data, queries)
+        info["model"] = "bm25s (lucene, k1 1.5, b 0.75) over candidate proposition texts"
+    elif args.method == "single-vector":
+        scores = score_single_vector(data, queries, args.baseline_model)
+        info["model"] = f"{args.baseline_model or 'all-MiniLM-L6-v2'} mean pooling, proposition text alone"
+    elif args.method == "colbert-zeroshot-psg":
+        scores = score_colbert_psg(data, queries, args.model, args.alpha)
+        info.update(model=load_encoder(args.model).source, alpha=args.alpha)
+    elif args.method == "colbert-zeroshot-sent":
+        scores = score_colbert_sent(data, queries, args.model)
+        info["model"] = load_encoder(args.model).source
+    elif args.method == "subencoder-zeroshot":
+        scores = score_subencoder_zeroshot(data, queries, args.baseline_model)
+        info["model"] = f"{args.baseline_model or 'all-MiniLM-L6-v2'}, mask pooling, no head"
+    else:
+        scores, folds = score_subencoder_cv(data, queries, args.folds, args.epochs, args.seed, log=print,
+                                            max_train_pairs=args.max_train_pairs, baseline=args.baseline_model)
+        info.update(model=f"SubEncoder: {args.baseline_model or 'all-MiniLM-L6-v2'} + MLP head, SupCon τ 0.01, "
+                          "lr 2e-5, 8 pairs/batch",
+                    epochs=args.epochs, folds=folds)
+    per_query = [judge(data, q, scores[i]) for i, q in enumerate(queries)]
+    seconds = time.perf_counter() - start
+    result = {
+        "benchmark": "atomic_facts", "dataset": "propsegment-dev-wiki", "method": args.method, **info,
+        "sample": {"questions": len(queries), "of": len(data.queries), "seed": None,
+                   "candidates": len(data.candidates), "queries_without_gold": sum(not q.gold for q in queries)},
+        "metrics": summarize(per_query), "ms_per_question": round(1000 * seconds / max(1, len(queries)), 1),
+    }
+    path = write_result(f"atomic_facts-{args.method}", result, args.out, command_line("benchmarks.atomic_facts", argv))
+    print(f"atomic facts {args.method}: {result['metrics']} → {path}")
+
+
+if __name__ == "__main__":
+    main()
