@@ -37,7 +37,7 @@ from agrame.scoring import similarity, span_maxsim
 from agrame.spans import span_token_mask
 
 from .bm25 import PoolBM25
-from .common import command_line, write_result
+from .common import add_model_args, command_line, sample, write_result
 from .metrics import precision_at_1, recall_at_k, summarize
 from .propsegment import JACCARD_MIN, AtomicData, Query, jaccard, load_atomic
 from .rerank import stable_order
@@ -227,21 +227,15 @@ def score_subencoder_cv(data: AtomicData, queries: Sequence[Query], folds: int, 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--method", required=True, choices=METHODS)
-    parser.add_argument("--limit", type=int, default=None, help="first N queries (smoke tests)")
-    parser.add_argument("--model", default=None, help="multi-vector model for the colbert methods")
-    parser.add_argument("--alpha", type=float, default=0.0,
-                        help="weight of the sub-query's score against the whole candidate sentence (default 0)")
+    add_model_args(parser, alpha_help="weight of the sub-query's score against the whole candidate sentence "
+                                      "(default 0)", alpha_default=0.0)
     parser.add_argument("--folds", type=int, default=5, help="subencoder: cross-validation folds over clusters")
     parser.add_argument("--epochs", type=int, default=5, help="subencoder: training epochs per fold")
     parser.add_argument("--max-train-pairs", type=int, default=None, help="subencoder: smoke tests only")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--baseline-model", default=None,
-                        help="Hugging Face folder for the single-vector/SubEncoder baselines (default: MiniLM)")
-    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
     data = load_atomic()
-    queries = data.queries[: args.limit] if args.limit else data.queries
+    queries = sample(data.queries, args.limit, args.seed)
     start = time.perf_counter()
     info: dict = {}
     if args.method == "bm25":
@@ -269,7 +263,7 @@ def main(argv=None) -> None:
     seconds = time.perf_counter() - start
     result = {
         "benchmark": "atomic_facts", "dataset": "propsegment-dev-wiki", "method": args.method, **info,
-        "sample": {"questions": len(queries), "of": len(data.queries), "seed": None,
+        "sample": {"questions": len(queries), "of": len(data.queries), "seed": args.seed if args.limit else None,
                    "candidates": len(data.candidates), "queries_without_gold": sum(not q.gold for q in queries)},
         "metrics": summarize(per_query), "ms_per_question": round(1000 * seconds / max(1, len(queries)), 1),
     }

@@ -55,6 +55,18 @@ def machine() -> dict:
             "python": platform.python_version(), "torch": torch.__version__}
 
 
+def add_model_args(parser, alpha_help: str = "α in S'(q,s) + α·S(q,p) (default: the model's)",
+                   alpha_default=None) -> None:
+    """Options every ranking benchmark shares: sample, models, output file."""
+    parser.add_argument("--limit", type=int, default=None, help="questions sampled (fixed seed); default all")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default=None, help="multi-vector model folder (default: built-in)")
+    parser.add_argument("--alpha", type=float, default=alpha_default, help=alpha_help)
+    parser.add_argument("--baseline-model", default=None,
+                        help="Hugging Face folder for the single-vector/SubEncoder baselines (default: MiniLM)")
+    parser.add_argument("--out", default=None, help="result file (default: benchmarks/results/<name>.json)")
+
+
 def command_line(module: str, argv: Optional[Sequence[str]]) -> str:
     """The command that reproduces a run: ``python -m <module> <the arguments parsed>``."""
     args = sys.argv[1:] if argv is None else list(argv)

@@ -22,7 +22,7 @@ from typing import Dict, List, Tuple
 
 from tqdm.auto import tqdm
 
-from .common import command_line, data_dir, sample, write_result
+from .common import add_model_args, command_line, data_dir, sample, write_result
 from .metrics import precision_at_1, recall_at_k, summarize
 from .rerank import METHODS, Harness
 
@@ -65,15 +65,9 @@ def main(argv=None) -> None:
     parser.add_argument("--split", default="dev", choices=("dev", "train"),
                         help="claims to evaluate (dev is reported; train is for choosing settings)")
     parser.add_argument("--method", required=True, choices=METHODS)
-    parser.add_argument("--limit", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--alpha", type=float, default=None)
+    add_model_args(parser)
     parser.add_argument("--corpus-limit", type=int, default=None,
                         help="smoke tests only: gold abstracts plus this many others (not comparable)")
-    parser.add_argument("--baseline-model", default=None,
-                        help="Hugging Face folder for the single-vector/SubEncoder baselines (default: MiniLM)")
-    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
     doc_ids, texts, spans, index_maps = load_scifact()

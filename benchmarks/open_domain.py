@@ -21,7 +21,7 @@ from typing import Dict, List
 
 from tqdm.auto import tqdm
 
-from .common import command_line, sample, sentence_of, write_result
+from .common import add_model_args, command_line, sample, sentence_of, write_result
 from .data import OPEN_DOMAIN_DATASETS, PoolMatcher, Question, load_pool, load_questions, restrict_pool
 from .encodings import pool_sentences
 from .metrics import has_answer, precision_at_1, recall_at_k, summarize
@@ -59,15 +59,9 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", required=True, choices=OPEN_DOMAIN_DATASETS)
     parser.add_argument("--method", required=True, choices=METHODS)
-    parser.add_argument("--limit", type=int, default=None, help="questions sampled (fixed seed); default all")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model", default=None, help="multi-vector model folder (default: built-in)")
-    parser.add_argument("--alpha", type=float, default=None, help="α in S'(q,s) + α·S(q,p) (default: model's)")
+    add_model_args(parser)
     parser.add_argument("--pool-limit", type=int, default=None,
                         help="smoke tests only: gold passages plus this many others (not comparable)")
-    parser.add_argument("--baseline-model", default=None,
-                        help="Hugging Face folder for the single-vector/SubEncoder baselines (default: MiniLM)")
-    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
     pool = load_pool()

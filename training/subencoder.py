@@ -96,7 +96,7 @@ def train_subencoder(batches: Sequence[List[Item]], *, epochs: int = 5, lr: floa
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            total += float(loss)
+            total += float(loss.detach())
         if log is not None:
             log(f"epoch {epoch + 1}/{epochs}: mean loss {total / max(1, len(batches)):.4f}")
     model.eval()
