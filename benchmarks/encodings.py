@@ -14,6 +14,7 @@ import argparse
 import hashlib
 import os
 import pickle
+import shutil
 from pathlib import Path
 from typing import List, Sequence, Tuple
 
@@ -79,6 +80,10 @@ class MultiVectorCache:
         self._shards: List[EncodedCorpus] = []
 
     def ensure(self) -> "MultiVectorCache":
+        """Encode missing shards (one builder at a time: leftovers of killed runs are removed)."""
+        if self.folder.exists():
+            for stale in self.folder.glob(".shard-*.tmp-*"):
+                shutil.rmtree(stale, ignore_errors=True)
         missing = [i for i in range(self.n_shards) if not (self.folder / f"shard-{i:05d}").exists()]
         if missing:
             bar = tqdm(total=len(missing) * SHARD, desc=f"encoding {self.folder.name}", unit="psg", disable=None)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce every table in benchmarks/README.md (zero-shot baselines). Resumable: encodings
 # are cached under $AGRAME_CACHE (default cache/), so a rerun skips finished shards.
-# About 1.5 hours on 2 CPU cores, most of it encoding the 33.6k-passage pool and its sentences.
+# About 2 hours on 2 CPU cores, most of it encoding the 33.6k-passage pool and its 150k sentences.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p runs
