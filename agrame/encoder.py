@@ -241,7 +241,7 @@ class Encoder(nn.Module):
         bar = None
         if progress:
             from tqdm.auto import tqdm
-            bar = tqdm(total=len(texts), desc="encoding passages", unit="psg")
+            bar = tqdm(total=len(texts), desc="encoding passages", unit="psg", disable=None)
         done_per_passage = [0] * len(texts)
         n_windows = [0] * len(texts)
         for p, _, _ in windows:
