@@ -45,6 +45,8 @@ class EncoderSettings:
     #: Marker used to encode the query for sub-unit (sentence/span) ranking: "Q'" or "Q".
     span_query_marker: str = "Q'"
     mask_punctuation: bool = True
+    #: Pad queries with scored [MASK] tokens to query_maxlen (ColBERT's query augmentation).
+    query_augmentation: bool = True
     attend_to_mask_tokens: bool = False
     alpha: float = 0.5
 
@@ -148,11 +150,21 @@ class Encoder(nn.Module):
     def max_positions(self) -> int:
         return int(getattr(self.backbone.config, "max_position_embeddings", 512))
 
+    #: Settings that change passage vectors; query-side ones (markers [Q]/[Q'], [MASK]
+    #: padding, α, …) do not, so an index stays valid when they change.
+    DOCUMENT_SETTINGS = ("dim", "doc_maxlen", "doc_overlap", "mask_punctuation")
+
     def fingerprint(self) -> str:
-        """sha256 over settings and every weight: an index records it and refuses others."""
+        """sha256 over every weight, the vocabulary and the document-side settings.
+
+        Two encoders with the same fingerprint produce the same passage vectors, so an index
+        records it and refuses an encoder with another one.
+        """
         if self._fingerprint is None:
             digest = hashlib.sha256()
-            digest.update(json.dumps(self.settings.to_json(), sort_keys=True).encode())
+            doc_side = {k: getattr(self.settings, k) for k in self.DOCUMENT_SETTINGS}
+            doc_side["doc_marker"] = self.settings.markers.get("D")
+            digest.update(json.dumps(doc_side, sort_keys=True).encode())
             digest.update(json.dumps(self.tokenizer.get_vocab(), sort_keys=True).encode())
             for name, tensor in sorted(self.state_dict().items()):
                 digest.update(name.encode())
@@ -193,7 +205,7 @@ class Encoder(nn.Module):
                 seq = prefix + list(ids) + [sep]
                 if len(seq) > self.max_positions:
                     raise ValueError(f"query of {len(ids)} tokens exceeds the model's {self.max_positions} positions")
-                pad = max(0, self.settings.query_maxlen - len(seq))
+                pad = max(0, self.settings.query_maxlen - len(seq)) if self.settings.query_augmentation else 0
                 attend = [1] * len(seq) + [int(self.settings.attend_to_mask_tokens)] * pad
                 rows.append(seq + [mask_id] * pad)
                 row_offsets.append([(0, 0)] * len(prefix) + [tuple(o) for o in offs] + [(0, 0)] * (1 + pad))

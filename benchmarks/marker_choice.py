@@ -1,4 +1,4 @@
-"""Zero-shot choice of the sub-unit query marker: [Q'] vs [Q] (vs none) for sentence ranking.
+"""Zero-shot choice of the query settings: [Q'] vs [Q] vs no marker, with or without [MASK] padding.
 
 The untrained default model has never seen any marker, so whether encoding the
 sentence-level query with [Q'] (AGRaME's second marker) helps is an empirical question.
@@ -25,12 +25,13 @@ from agrame.spans import split_sentences
 
 from .common import command_line, sentence_of, squad_paragraphs, write_result
 
-#: label → (marker of the passage query, marker of the sub-unit query); None = no marker.
+#: label → (marker of the passage query, marker of the sub-unit query, [MASK] padding).
 VARIANTS = {
-    "[Q] + [Q']": ("Q", "Q'"),
-    "[Q] + [Q]": ("Q", "Q"),
-    "[Q] + no marker": ("Q", None),
-    "no marker + no marker": (None, None),
+    "[Q] + [Q']": ("Q", "Q'", True),
+    "[Q] + [Q]": ("Q", "Q", True),
+    "[Q] + no marker": ("Q", None, True),
+    "no marker + no marker": (None, None, True),
+    "no marker + no marker, no [MASK] padding": (None, None, False),
 }
 BASELINE = "[Q] + [Q']"
 
@@ -66,7 +67,8 @@ def main(argv=None) -> None:
     articles = rng.sample(sorted(by_article), args.articles)
     hits = {name: {"sent_p1_article": 0, "sent_p1_in_gold_paragraph": 0} for name in VARIANTS}
     per_question = {name: [] for name in VARIANTS}
-    markers = sorted({m for pair in VARIANTS.values() for m in pair}, key=str)
+    markers = sorted({m for v in VARIANTS.values() for m in v[:2]}, key=str)
+    unpadded = encoder.with_settings(query_augmentation=False)
     n = 0
     start = time.perf_counter()
     for a in tqdm(articles, desc="articles"):
@@ -75,12 +77,13 @@ def main(argv=None) -> None:
         questions = [(i, qa) for i, p in enumerate(paras) for qa in p["qas"]]
         questions = rng.sample(questions, min(args.per_article, len(questions)))
         texts = [qa["question"] for _, qa in questions]
-        encoded = dict(zip(markers, encoder.encode_queries(texts, markers)))
+        encoded = {(m, True): e for m, e in zip(markers, encoder.encode_queries(texts, markers))}
+        encoded.update({(m, False): e for m, e in zip(markers, unpadded.encode_queries(texts, markers))})
         for k, (i, qa) in enumerate(questions):
             spans = split_sentences(paras[i]["context"])
             gold_sentence = spans[sentence_of(spans, qa["answer_start"])]
-            for name, (psg_marker, span_marker) in VARIANTS.items():
-                q, qs = encoded[psg_marker][k].vectors, encoded[span_marker][k].vectors
+            for name, (psg_marker, span_marker, padded) in VARIANTS.items():
+                q, qs = encoded[psg_marker, padded][k].vectors, encoded[span_marker, padded][k].vectors
                 ranked = rank_corpus(q, q if psg_marker == span_marker else qs, corpus, "sentence",
                                      alpha=args.alpha, top_k=None)
                 top = ranked[0]
@@ -104,7 +107,7 @@ def main(argv=None) -> None:
     }
     path = write_result("marker_choice", result, args.out, command_line("benchmarks.marker_choice", argv))
     for name, m in metrics.items():
-        print(f"{name:>22}: sentence P@1 over article {m['sent_p1_article']:5.1f}  "
+        print(f"{name:>42}: sentence P@1 over article {m['sent_p1_article']:5.1f}  "
               f"within gold paragraph {m['sent_p1_in_gold_paragraph']:5.1f}  "
               f"vs {BASELINE}: +{m['wins_vs_baseline']}/-{m['losses_vs_baseline']} p={m['sign_test_p']}")
     print(f"{n} questions; wrote {path}")

@@ -199,14 +199,14 @@ def sentence_chart(grouped: Dict[str, List[dict]], path: Path) -> bool:
     datasets = sorted(points)
     methods = sorted({m for d in points.values() for m in d}, key=lambda m: _method_key({"method": m}))
     width = 0.8 / len(methods)
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(datasets)), 3.6), dpi=120)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(datasets)), 4.2), dpi=120)
     for k, method in enumerate(methods):
         xs = [i + k * width for i, d in enumerate(datasets) if method in points[d]]
         ys = [points[d][method] for d in datasets if method in points[d]]
         ax.bar(xs, ys, width, label=method)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(datasets))], datasets)
     ax.set_ylabel("sentence P@1 (%)")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     tmp = path.with_suffix(".tmp.png")

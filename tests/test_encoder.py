@@ -192,3 +192,18 @@ def test_default_zero_shot_settings_use_no_query_markers():
     assert settings.dim is None
     assert settings.markers["Q"] is None and settings.markers["Q'"] is None
     assert settings.markers["D"] == "[unused1]"
+
+
+def test_fingerprint_ignores_query_side_settings_only(tiny_encoder):
+    base = tiny_encoder.fingerprint()
+    assert tiny_encoder.with_settings(query_augmentation=False, alpha=2.0, span_query_marker="Q",
+                                      markers={"Q": None, "Q'": None, "D": "[unused1]"}).fingerprint() == base
+    assert tiny_encoder.with_settings(doc_maxlen=30).fingerprint() != base
+    assert tiny_encoder.with_settings(markers={"Q": "[unused0]", "Q'": "[unused2]", "D": None}).fingerprint() != base
+    assert tiny_encoder.with_settings(mask_punctuation=False).fingerprint() != base
+
+
+def test_query_augmentation_setting(tiny_encoder):
+    plain = tiny_encoder.with_settings(query_augmentation=False)
+    assert plain.encode_query("coral reefs", "Q").vectors.shape[0] == 2 + 3  # [CLS] [Q] 2 tokens [SEP]
+    assert tiny_encoder.encode_query("coral reefs", "Q").vectors.shape[0] == tiny_encoder.settings.query_maxlen
