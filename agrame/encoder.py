@@ -338,17 +338,17 @@ def default_model_path() -> Path:
 
 
 def zero_shot_settings() -> EncoderSettings:
-    """Settings for an untrained backbone.
+    """Settings for an untrained backbone, each chosen by measurement.
 
-    No projection: a random one ruins ranking. No query markers: measured by
-    ``python -m benchmarks.marker_choice`` on 900 SQuAD *train* questions (table in
-    benchmarks/README.md), an untrained [Q'] ranks sentences slightly better than [Q], but
-    leaving both queries unmarked is better than either, and then passage and sentence
-    scores share one query encoding and one similarity matrix. [D] stays (ColBERT's
-    document input), untested either way.
+    No projection: a random one ruins ranking. ``python -m benchmarks.marker_choice`` on
+    900 SQuAD *train* questions (table in benchmarks/README.md): no query markers (an
+    untrained [Q'] ranks sentences slightly better than [Q], unmarked queries better than
+    either), and above all no [MASK] padding (+13 points sentence P@1: an untrained model's
+    [MASK] vectors only add noise to the sum). With one query encoding, passage and sentence
+    scores share one similarity matrix. [D] stays (ColBERT's document input), untested.
     """
     return EncoderSettings(dim=None, markers={"Q": None, "Q'": None, "D": DEFAULT_MARKERS["D"]},
-                           span_query_marker="Q")
+                           span_query_marker="Q", query_augmentation=False)
 
 
 def _without_pooler(factory, arg):

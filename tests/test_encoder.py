@@ -192,6 +192,7 @@ def test_default_zero_shot_settings_use_no_query_markers():
     assert settings.dim is None
     assert settings.markers["Q"] is None and settings.markers["Q'"] is None
     assert settings.markers["D"] == "[unused1]"
+    assert settings.query_augmentation is False
 
 
 def test_fingerprint_ignores_query_side_settings_only(tiny_encoder):
