@@ -149,25 +149,28 @@ class SingleVectorEncoder:
         return "mean-" + hashlib.sha256(self.path.encode()).hexdigest()[:8]
 
 
-def single_vectors(texts: Sequence[str], name: str, encoder: SingleVectorEncoder | None = None) -> np.ndarray:
-    """``[len(texts), 384]`` float16 mean-pooled vectors, cached in shards."""
+def single_vectors(texts: Sequence[str], name: str, encoder: SingleVectorEncoder | None = None,
+                   reverse: bool = False) -> np.ndarray:
+    """``[len(texts), 384]`` float16 mean-pooled vectors, cached in shards.
+
+    ``reverse`` walks the shards from the end, so a second process can share the work.
+    """
     encoder = encoder or SingleVectorEncoder()
     folder = cache_root() / f"{name}-{encoder.fingerprint()}-{_hash(texts)}"
     folder.mkdir(parents=True, exist_ok=True)
-    shards = []
     n_shards = (len(texts) + SHARD * 4 - 1) // (SHARD * 4)
     bar = tqdm(total=len(texts), desc=f"single vectors {name}", unit="txt", disable=None)
-    for i in range(n_shards):
+    for i in (reversed(range(n_shards)) if reverse else range(n_shards)):
         path = folder / f"shard-{i:05d}.npy"
         lo, hi = i * SHARD * 4, min(len(texts), (i + 1) * SHARD * 4)
         if not path.exists():
             vectors = encoder.encode(texts[lo:hi]).astype(np.float16)
-            tmp = folder / f".shard-{i:05d}.tmp.npy"
+            tmp = folder / f".shard-{i:05d}.tmp-{os.getpid()}.npy"
             np.save(tmp, vectors)
             tmp.replace(path)
-        shards.append(np.load(path))
         bar.update(hi - lo)
     bar.close()
+    shards = [np.load(folder / f"shard-{i:05d}.npy") for i in range(n_shards)]
     return np.concatenate(shards) if shards else np.zeros((0, 384), dtype=np.float16)
 
 
@@ -175,6 +178,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--what", nargs="+", choices=WHAT, default=list(WHAT))
     parser.add_argument("--model", default=None, help="multi-vector model (default: the built-in one)")
+    parser.add_argument("--reverse", action="store_true",
+                        help="single vectors: encode shards from the end (a second process shares the work)")
     args = parser.parse_args(argv)
     pool = load_pool()
     spans = pool_sentences(pool)
@@ -188,8 +193,8 @@ def main(argv=None) -> None:
             MultiVectorCache(encoder, sents, "colbert-sentences").ensure()
     if "single-vector" in args.what:
         sv = SingleVectorEncoder()
-        single_vectors(pool.texts, "sv-pool", sv)
-        single_vectors(sents, "sv-sentences", sv)
+        single_vectors(pool.texts, "sv-pool", sv, reverse=args.reverse)
+        single_vectors(sents, "sv-sentences", sv, reverse=args.reverse)
 
 
 if __name__ == "__main__":
