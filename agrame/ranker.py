@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from . import scoring
-from .corpus import EncodedCorpus, Passage, PassageLike, as_passages
+from .corpus import EncodedCorpus, PassageLike, as_passages
 from .encoder import Encoder, load_encoder
 from .spans import SpanLike, normalize_span, span_token_mask
 
@@ -101,7 +101,8 @@ class Ranker:
             unknown = set(spans) - set(corpus.ids)
             if unknown:
                 raise ValueError(f"spans given for unknown passage ids {sorted(unknown)[:5]}")
-            by_index = {corpus.ids.index(pid): list(s) for pid, s in spans.items()}
+            position = {pid: p for p, pid in enumerate(corpus.ids)}
+            by_index = {position[pid]: list(s) for pid, s in spans.items()}
         else:
             spans = list(spans)
             if len(spans) != len(corpus):

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections import defaultdict
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from agrame.corpus import EncodedCorpus, Passage
+from agrame.corpus import Passage
 from agrame.encoder import load_encoder
 from agrame.ranker import Ranker
 from agrame.scoring import similarity, span_maxsim
@@ -89,12 +88,9 @@ def score_single_vector(data: AtomicData, queries: Sequence[Query], baseline: Op
 def score_colbert_psg(data: AtomicData, queries: Sequence[Query], model: Optional[str], alpha: float) -> np.ndarray:
     encoder = load_encoder(model)
     ranker = Ranker(encoder)
-    keys = sorted({k for k, _ in data.candidates})
-    row = {k: i for i, k in enumerate(keys)}
-    corpus = ranker.encode([Passage(str(i), data.sentences[k].text) for i, k in enumerate(keys)])
-    by_sentence = defaultdict(list)
-    for c, (k, tokens) in enumerate(data.candidates):
-        by_sentence[row[k]].append(c)
+    groups = data.by_sentence()
+    corpus = ranker.encode([Passage(str(i), data.sentences[k].text) for i, k in enumerate(groups)])
+    by_sentence = dict(enumerate(groups.values()))  # corpus passage index → candidate indices
     masks = {}
     for p, cands in by_sentence.items():
         offsets = corpus.offsets[corpus.passage_tokens(p)]
@@ -128,16 +124,12 @@ def score_colbert_sent(data: AtomicData, queries: Sequence[Query], model: Option
 
 
 def _subencoder_scores(model, data: AtomicData, queries: Sequence[Query]) -> np.ndarray:
-    keys = sorted({k for k, _ in data.candidates})
-    spans = defaultdict(list)
-    order = []
-    for c, (k, tokens) in enumerate(data.candidates):
-        spans[k].append(data.sentences[k].pieces(tokens))
-    for k in keys:
-        order.extend(c for c, (kk, _) in enumerate(data.candidates) if kk == k)
-    vectors = model.encode([data.sentences[k].text for k in keys], [spans[k] for k in keys])
+    groups = data.by_sentence()
+    vectors = model.encode([data.sentences[k].text for k in groups],
+                           [[data.sentences[k].pieces(data.candidates[c][1]) for c in cands]
+                            for k, cands in groups.items()])
     cand = torch.empty_like(vectors)
-    cand[torch.tensor(order)] = vectors
+    cand[torch.tensor([c for cands in groups.values() for c in cands])] = vectors
     qv = model.encode([data.sentences[q.sentence].text for q in queries],
                       [[data.sentences[q.sentence].pieces(q.tokens)] for q in queries])
     return (qv @ cand.T).numpy()

@@ -10,7 +10,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -30,15 +30,17 @@ def data_dir() -> Path:
 
 
 def squad_paragraphs(split: str) -> List[dict]:
-    """SQuAD v1.1 paragraphs: ``{"article", "title", "context", "qas": [{"id", "question", "answer", "answer_start"}]}``."""
+    """SQuAD v1.1 paragraphs: ``{"article", "paragraph", "title", "context", "qas": [{"id", "question", "answer",
+    "answer_start"}]}`` (article and paragraph are 0-based positions in the official order)."""
     name = {"train": "train-v1.1.json", "dev": "dev-v1.1.json"}[split]
     data = json.loads((data_dir() / "squad" / name).read_text())
     out = []
     for a, article in enumerate(data["data"]):
-        for paragraph in article["paragraphs"]:
+        for k, paragraph in enumerate(article["paragraphs"]):
             qas = [{"id": qa["id"], "question": qa["question"], "answer": qa["answers"][0]["text"],
                     "answer_start": qa["answers"][0]["answer_start"]} for qa in paragraph["qas"]]
-            out.append({"article": a, "title": article["title"], "context": paragraph["context"], "qas": qas})
+            out.append({"article": a, "paragraph": k, "title": article["title"], "context": paragraph["context"],
+                        "qas": qas})
     return out
 
 

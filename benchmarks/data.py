@@ -30,15 +30,17 @@ def _nq_oracle() -> List[dict]:
         return [json.loads(line) for line in f]
 
 
+def squad_id(split: str, paragraph: dict) -> str:
+    """Pool source id of a SQuAD paragraph."""
+    return f"squad-{split}-{paragraph['article']}-{paragraph['paragraph']}"
+
+
 def load_pool() -> Pool:
     """Build the pool in a fixed order; exact duplicate texts are merged into their first copy."""
     sources: List[Tuple[str, str]] = []
     for split in ("train", "dev"):
-        counters: Dict[int, int] = {}
         for p in squad_paragraphs(split):
-            k = counters.get(p["article"], 0)
-            counters[p["article"]] = k + 1
-            sources.append((f"squad-{split}-{p['article']}-{k}", p["context"]))
+            sources.append((squad_id(split, p), p["context"]))
     for i, record in enumerate(_nq_oracle()):
         sources.append((f"nq-{i}", record["ctxs"][0]["text"]))
     with open(data_dir() / "wiki-leads" / "leads.jsonl", encoding="utf-8") as f:
@@ -87,11 +89,8 @@ class Question:
 def load_questions(name: str, pool: Pool) -> List[Question]:
     if name == "squad-dev":
         out = []
-        counters: Dict[int, int] = {}
         for p in squad_paragraphs("dev"):
-            k = counters.get(p["article"], 0)
-            counters[p["article"]] = k + 1
-            gold = pool.alias[f"squad-dev-{p['article']}-{k}"]
+            gold = pool.alias[squad_id("dev", p)]
             for qa in p["qas"]:
                 out.append(Question(qa["id"], qa["question"], [qa["answer"]], gold, qa["answer_start"]))
         return out

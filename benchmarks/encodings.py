@@ -61,12 +61,12 @@ def pool_sentences(pool: Pool) -> List[List[Tuple[int, int]]]:
     return spans
 
 
-def sentence_texts(pool: Pool, spans: List[List[Tuple[int, int]]]) -> Tuple[List[str], np.ndarray]:
-    """All pool sentences in pool order, and ``starts[p]``: index of passage p's first sentence."""
-    texts = [pool.texts[p][s:e] for p, sp in enumerate(spans) for s, e in sp]
+def sentence_texts(texts: Sequence[str], spans: Sequence[Sequence[Tuple[int, int]]]) -> Tuple[List[str], np.ndarray]:
+    """All sentences in passage order, and ``starts[p]``: global index of passage p's first sentence."""
+    sentences = [texts[p][s:e] for p, sp in enumerate(spans) for s, e in sp]
     starts = np.zeros(len(spans) + 1, dtype=np.int64)
     starts[1:] = np.cumsum([len(sp) for sp in spans])
-    return texts, starts
+    return sentences, starts
 
 
 class MultiVectorCache:
@@ -183,7 +183,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     pool = load_pool()
     spans = pool_sentences(pool)
-    sents, _ = sentence_texts(pool, spans)
+    sents, _ = sentence_texts(pool.texts, spans)
     print(f"pool: {len(pool)} passages, {len(sents)} sentences")
     if "colbert" in args.what or "colbert-sentences" in args.what:
         encoder = load_encoder(args.model)

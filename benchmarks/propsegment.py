@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Sequence, Tuple
 
 from .common import data_dir
 
@@ -98,16 +98,22 @@ class AtomicData:
     queries: List[Query]
     no_gold: int  # queries whose supporting proposition matches no candidate
 
-    def candidate_ids_of(self, key: SentenceKey) -> List[int]:
-        return [i for i, (k, _) in enumerate(self.candidates) if k == key]
+    def by_sentence(self) -> Dict[SentenceKey, List[int]]:
+        """Candidate indices grouped by their sentence, sentences in sorted order."""
+        return group_by_sentence(self.candidates)
+
+
+def group_by_sentence(candidates: Sequence[Tuple[SentenceKey, FrozenSet[int]]]) -> Dict[SentenceKey, List[int]]:
+    groups: Dict[SentenceKey, List[int]] = {}
+    for i, (key, _) in enumerate(candidates):
+        groups.setdefault(key, []).append(i)
+    return dict(sorted(groups.items()))
 
 
 def load_atomic() -> AtomicData:
     sentences = {**load_sentences("dev"), **load_sentences("test")}
     candidates = [(key, prop) for key, s in sentences.items() for prop in s.propositions]
-    by_sentence: Dict[SentenceKey, List[int]] = {}
-    for i, (key, _) in enumerate(candidates):
-        by_sentence.setdefault(key, []).append(i)
+    by_sentence = group_by_sentence(candidates)
     relationships = json.loads((data_dir() / "propsegment" / "relationships.dev.json").read_text())
     queries: List[Query] = []
     no_gold = 0

@@ -15,7 +15,7 @@ from agrame.encoder import load_encoder
 from agrame.ranker import Ranker, rank_corpus
 
 from .bm25 import PoolBM25
-from .encodings import MultiVectorCache, SingleVectorEncoder, cache_root, single_vectors
+from .encodings import MultiVectorCache, SingleVectorEncoder, cache_root, sentence_texts, single_vectors
 
 METHODS = ("bm25", "single-vector", "colbert-zeroshot-psg", "colbert-zeroshot-sent")
 
@@ -47,9 +47,7 @@ class Harness:
                  baseline_model: Optional[str] = None):
         self.baseline_model = baseline_model
         self.name, self.texts, self.spans = name, list(texts), [list(s) for s in spans]
-        self.sentences = [self.texts[p][s:e] for p, sp in enumerate(self.spans) for s, e in sp]
-        self.sent_starts = np.zeros(len(self.spans) + 1, dtype=np.int64)
-        self.sent_starts[1:] = np.cumsum([len(sp) for sp in self.spans])
+        self.sentences, self.sent_starts = sentence_texts(self.texts, self.spans)
         self.model, self.alpha = model, alpha
         self._bm25: Optional[PoolBM25] = None
 

@@ -48,7 +48,7 @@ def test_summarize_averages_over_questions_that_have_the_metric():
 
 
 def test_bm25_scores_match_bm25s():
-    bm25s = pytest.importorskip("bm25s")
+    pytest.importorskip("bm25s")
     pytest.importorskip("Stemmer")
     from benchmarks.bm25 import PoolBM25, bm25_scores, tokenize
 
