@@ -1,4 +1,4 @@
-"""The ``agrame`` command line: ``rank``, ``index`` and ``search``.
+"""The ``agrame`` command line: ``rank``, ``index``, ``search`` and ``cite``.
 
 Usage errors (bad arguments, unreadable or malformed input, a wrong model or index)
 print ``agrame: error: …`` naming the file, line and field, and exit with status 2.
@@ -14,7 +14,7 @@ import sys
 from typing import List, Optional, Sequence
 
 from . import __version__
-from .io import FORMATS, read_passages
+from .io import FORMATS, read_passages, read_text
 
 EXIT_USAGE = 2
 
@@ -102,6 +102,29 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(search, ("passage", "sentence"), "sentence")
     search.add_argument("--model", "-m", metavar="PATH", default=None,
                         help="model folder (default: the one the index was built with)")
+    cite = sub.add_parser(
+        "cite", help="add citations to a generated answer from the passages it was written from",
+        description="PropCite: split each answer sentence into propositions, score every passage "
+                    "with each proposition's query tokens, and cite the top passage of each.",
+        epilog="Example: agrame cite --answer answer.txt --passages passages.jsonl. "
+               "Markers are [n] for the n-th passage of the file.",
+    )
+    cite.add_argument("--answer", "-a", required=True, metavar="FILE", help="answer text file, or - for stdin")
+    cite.add_argument("--passages", "-p", required=True, metavar="FILE",
+                      help="the passages the answer was generated from (same formats as rank)")
+    cite.add_argument("--input-format", choices=FORMATS, default="auto", help="passage file format")
+    cite.add_argument("--margin", type=_finite_float, default=None,
+                      help="cite a proposition only when its top passage beats the next by this much "
+                           "(mean similarity per token; default: always cite)")
+    cite.add_argument("--max-citations", type=_positive_int, default=None, help="at most N passages per sentence")
+    cite.add_argument("--mode", default="propositions",
+                      choices=("propositions", "proposition-alone", "sentence-top1", "sentence-top2"),
+                      help="propositions as sub-queries (PropCite, default), each proposition encoded alone, "
+                           "or the whole sentence's top 1 / top 2 passages")
+    cite.add_argument("--format", "-f", choices=("text", "jsonl"), default="text",
+                      help="text: the cited answer and its references; jsonl: one record per sentence")
+    cite.add_argument("--model", "-m", metavar="PATH", default=None, help="model folder; default: built-in")
+    cite.add_argument("--batch-size", type=_positive_int, default=16, help="passages per forward pass (default: 16)")
     return parser
 
 
@@ -176,10 +199,50 @@ def _cmd_search(args) -> int:
     return 0
 
 
+def _cmd_cite(args) -> int:
+    if args.answer == "-" and args.passages == "-":
+        raise UsageError("--answer and --passages cannot both read standard input")
+    if args.margin is not None and args.margin < 0:
+        raise UsageError("--margin must be ≥ 0")
+    answer = read_text(args.answer)
+    if not answer.strip():
+        raise UsageError(f"{'<stdin>' if args.answer == '-' else args.answer}: the answer is empty")
+    passages = read_passages(args.passages, args.input_format)
+    from propcite.citer import Citer
+
+    citer = Citer(args.model, mode=args.mode, margin=args.margin, max_citations=args.max_citations,
+                  batch_size=args.batch_size)
+    result = citer.cite(answer, citer.encode(passages, progress=len(passages) > 64))
+    out = sys.stdout
+    if args.format == "jsonl":
+        for n, sent in enumerate(result.sentences):
+            record = {"sentence": n, "start": sent.start, "end": sent.end, "text": sent.text,
+                      "citations": [passages[c].id for c in sent.citations],
+                      "markers": [c + 1 for c in sent.citations],
+                      "propositions": [{"text": p.text, "pieces": [list(x) for x in p.pieces],
+                                        "passage": None if p.passage is None else passages[p.passage].id,
+                                        "best_passage": passages[p.best_passage].id,
+                                        "passage_span": list(p.passage_span),
+                                        "score": round(p.score, 4),
+                                        "runner_up": None if p.runner_up == float("-inf") else round(p.runner_up, 4)}
+                                       for p in sent.propositions]}
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        return 0
+    out.write(result.text.rstrip("\n") + "\n")
+    cited = sorted({c for s in result.sentences for c in s.citations})
+    if cited:
+        out.write("\n")
+        width = shutil.get_terminal_size((120, 20)).columns
+        for c in cited:
+            line = f"[{c + 1}] {passages[c].id}: {' '.join(passages[c].text.split())}"
+            out.write((line if len(line) <= width else line[: width - 1] + "…") + "\n")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"rank": _cmd_rank, "index": _cmd_index, "search": _cmd_search}
+    handlers = {"rank": _cmd_rank, "index": _cmd_index, "search": _cmd_search, "cite": _cmd_cite}
     try:
         return handlers[args.command](args)
     except ValueError as exc:

@@ -8,7 +8,7 @@ passage scores and all sentence scores by segment max, with no padding.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Mapping, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -25,11 +25,12 @@ class Passage(NamedTuple):
     spans: Optional[Tuple[SpanLike, ...]] = None
 
 
-PassageLike = Union[str, Passage, Tuple[str, str]]
+PassageLike = Union[str, Passage, Tuple[str, str], Mapping[str, str]]
 
 
 def as_passages(items: Iterable[PassageLike]) -> List[Passage]:
-    """Normalise strings / ``(id, text)`` pairs / :class:`Passage` into passages with unique ids."""
+    """Normalise strings / ``(id, text)`` pairs / ``{"id", "text"}`` dicts / :class:`Passage` into
+    passages with unique ids (a string or a dict without "id" gets its position)."""
     out: List[Passage] = []
     for i, item in enumerate(items):
         if isinstance(item, Passage):
@@ -38,8 +39,11 @@ def as_passages(items: Iterable[PassageLike]) -> List[Passage]:
             passage = Passage(str(i), item)
         elif isinstance(item, tuple) and len(item) == 2:
             passage = Passage(str(item[0]), item[1])
+        elif isinstance(item, Mapping) and "text" in item:
+            passage = Passage(str(item.get("id", i)), item["text"])
         else:
-            raise TypeError(f"passage {i}: expected str, (id, text) or Passage, got {type(item).__name__}")
+            raise TypeError(f"passage {i}: expected str, (id, text), a dict with 'text' or Passage, "
+                            f"got {type(item).__name__}")
         if not isinstance(passage.text, str):
             raise TypeError(f"passage {passage.id!r}: text must be a string")
         out.append(passage)

@@ -59,6 +59,20 @@ def span_maxsim(
     return _query_sum(filled.amax(dim=-1), query_mask)
 
 
+def segment_max(sim: torch.Tensor, segment_ids: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """Per query token, the max similarity inside each disjoint segment: ``[Lq, num_segments]``.
+
+    ``sim``: ``[Lq, n]``; ``segment_ids``: ``[n]`` in ``[0, num_segments)`` or −1 for
+    tokens outside every segment; an empty segment gives −inf. Sub-queries then score
+    every segment with one ``[M, Lq] @ [Lq, S]`` product (see :func:`subquery_segment_maxsim`).
+    """
+    segment_ids = segment_ids.long()
+    inside = segment_ids >= 0
+    ids = segment_ids[inside].unsqueeze(0).expand(sim.shape[0], -1)
+    out = torch.full((sim.shape[0], num_segments), NEG_INF, dtype=sim.dtype, device=sim.device)
+    return out.scatter_reduce(1, ids, sim[:, inside], reduce="amax", include_self=True)
+
+
 def segment_maxsim(
     sim: torch.Tensor,
     segment_ids: torch.Tensor,
@@ -72,12 +86,22 @@ def segment_maxsim(
     Flatten several passages into one ``[Lq, N·n]`` matrix with globally numbered
     segments to score all their sentences in one call.
     """
-    segment_ids = segment_ids.long()
-    inside = segment_ids >= 0
-    ids = segment_ids[inside].unsqueeze(0).expand(sim.shape[0], -1)
-    out = torch.full((sim.shape[0], num_segments), NEG_INF, dtype=sim.dtype, device=sim.device)
-    out = out.scatter_reduce(1, ids, sim[:, inside], reduce="amax", include_self=True)
-    return _query_sum(out.transpose(0, 1), query_mask)
+    return _query_sum(segment_max(sim, segment_ids, num_segments).transpose(0, 1), query_mask)
+
+
+def subquery_segment_maxsim(sim: torch.Tensor, query_masks: torch.Tensor, segment_ids: torch.Tensor,
+                            num_segments: int) -> torch.Tensor:
+    """Every sub-query against every segment (e.g. propositions × passages): ``[M, S]``.
+
+    ``query_masks``: ``[M, Lq]``. Equals :func:`subquery_maxsim` on each segment's tokens;
+    the per-token maxima are computed once for all sub-queries.
+    """
+    per_token = segment_max(sim, segment_ids, num_segments)  # [Lq, S]
+    masks = query_masks.bool()
+    # −inf maxima (empty segments) must not meet 0 weights in a matmul (0·−inf = NaN).
+    finite = torch.isfinite(per_token).all(dim=0)
+    scores = masks.to(sim.dtype) @ torch.where(torch.isfinite(per_token), per_token, torch.zeros_like(per_token))
+    return scores.masked_fill(~finite.unsqueeze(0), NEG_INF)
 
 
 def subquery_maxsim(

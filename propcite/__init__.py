@@ -1,0 +1,1 @@
+"""PropCite: attribute each proposition of a generated answer to the passages that support it."""
