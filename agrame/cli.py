@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     cite.add_argument("--margin", type=_finite_float, default=None,
                       help="cite a proposition only when its top passage beats the next by this much "
                            "(mean similarity per token; default: always cite)")
+    cite.add_argument("--lexical-weight", type=_finite_float, default=0.0,
+                      help="weight of a BM25 prior added to every proposition's passage scores "
+                           "(default: 0, pure PropCite)")
     cite.add_argument("--max-citations", type=_positive_int, default=None, help="at most N passages per sentence")
     cite.add_argument("--mode", default="propositions",
                       choices=("propositions", "proposition-alone", "sentence-top1", "sentence-top2"),
@@ -204,6 +207,8 @@ def _cmd_cite(args) -> int:
         raise UsageError("--answer and --passages cannot both read standard input")
     if args.margin is not None and args.margin < 0:
         raise UsageError("--margin must be ≥ 0")
+    if args.lexical_weight < 0:
+        raise UsageError("--lexical-weight must be ≥ 0")
     answer = read_text(args.answer)
     if not answer.strip():
         raise UsageError(f"{'<stdin>' if args.answer == '-' else args.answer}: the answer is empty")
@@ -211,7 +216,7 @@ def _cmd_cite(args) -> int:
     from propcite.citer import Citer
 
     citer = Citer(args.model, mode=args.mode, margin=args.margin, max_citations=args.max_citations,
-                  batch_size=args.batch_size)
+                  batch_size=args.batch_size, lexical_weight=args.lexical_weight)
     result = citer.cite(answer, citer.encode(passages, progress=len(passages) > 64))
     out = sys.stdout
     if args.format == "jsonl":

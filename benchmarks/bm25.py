@@ -8,7 +8,6 @@ with the *pool's* statistics (document frequencies, average length) through
 from __future__ import annotations
 
 import hashlib
-import math
 import pickle
 from collections import Counter
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-K1, B = 1.5, 0.75
+from agrame.lexical import B, K1, LexicalCollection, bm25_scores  # noqa: F401 (one BM25 formula)
 
 
 def _stemmer():
@@ -74,18 +73,3 @@ class PoolBM25:
     def score_texts(self, query: str, texts: Sequence[str]) -> List[float]:
         """BM25 of each text for ``query`` with the pool's idf and average length."""
         return bm25_scores(tokenize([query])[0], tokenize(texts), self.df, self.n_docs, self.avgdl)
-
-
-def bm25_scores(query: Sequence[str], docs: Sequence[Sequence[str]], df: Dict[str, int], n_docs: int,
-                avgdl: float, k1: float = K1, b: float = B) -> List[float]:
-    """Lucene BM25: Σ_t idf(t)·tf / (tf + k1·(1 − b + b·|d|/avgdl)), idf = ln(1 + (N − df + ½)/(df + ½)).
-
-    Lucene (since 8.0) and bm25s drop the constant (k1+1) numerator; rankings are unchanged.
-    """
-    idf = {t: math.log(1 + (n_docs - df.get(t, 0) + 0.5) / (df.get(t, 0) + 0.5)) for t in set(query)}
-    out = []
-    for doc in docs:
-        tf = Counter(doc)
-        norm = k1 * (1 - b + b * len(doc) / avgdl)
-        out.append(sum(idf[t] * tf[t] / (tf[t] + norm) for t in query if tf.get(t)))
-    return out

@@ -181,6 +181,85 @@ def render_atomic_facts(results: List[dict]) -> str:
     return "\n".join(out)
 
 
+def render_segmentation(results: List[dict]) -> str:
+    out = ["## Proposition segmentation: PropSegmEnt, Wikipedia part", "",
+           "Predicted vs reference propositions as token sets (punctuation dropped); a prediction "
+           "is correct when some reference proposition of its sentence has token Jaccard ≥ θ, a "
+           "reference is recovered when some prediction has. Micro P / R / F1 (%). Tagger rules "
+           "were chosen on the test split; dev is reported. `aligner on reference texts` maps the "
+           "reference propositions' own words back onto the sentence (the text → mask step alone).", ""]
+    for r in results:
+        out += [f"{r['dataset']}: {r['sample']['sentences']} sentences, "
+                f"{r['sample']['reference_propositions']} reference propositions", "",
+                "| method | props/sentence | P θ=0.5 | R θ=0.5 | F1 θ=0.5 | P θ=0.8 | R θ=0.8 | F1 θ=0.8 | ms/sentence |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for row in r["rows"]:
+            a, b = row["theta_0.5"], row["theta_0.8"]
+            out.append(f"| {row['method']} | {row['per_sentence']} | {a['precision']} | {a['recall']} | {a['f1']} "
+                       f"| {b['precision']} | {b['recall']} | {b['f1']} | {row['ms_per_sentence']} |")
+        out.append("")
+    out.append("\n".join(f"- `{r['command']}`, {r['date']}" for r in results))
+    return "\n".join(out)
+
+
+CITATION_METHODS = ("bm25-top1", "single-vector-top1", "sentence-top1", "sentence-top2", "proposition-alone",
+                    "propositions", "propositions+margin", "propositions+lexical+margin")
+
+
+def render_citation(results: List[dict]) -> str:
+    out = ["## Citation (PropCite, post hoc)", "",
+           "Per claim, the set of cited candidate passages. Precision: cited passages that are "
+           "gold / all citations (a citation on an unsupported claim — ExpertQA *Missing*, WiCE "
+           "*not_supported* — is wrong). Recall: per supported claim, the share of its (best) gold "
+           "set cited. *Unsupported uncited*: unsupported claims left without citation. "
+           "`propositions` is PropCite (sentence encoded once, one sub-query per proposition of the "
+           "dependency tagger, each citing its top passage); `+margin` cites a proposition only when "
+           "its top passage beats the runner-up by the margin (mean similarity per token); "
+           "`+lexical` adds λ·BM25(sentence, passage)/max to every proposition's passage scores. "
+           "Margins and λ were chosen on ExpertQA rand_val only and reused unchanged elsewhere.", ""]
+    order = {"expertqa-rand_val": 0, "expertqa-domain_val": 1, "wice-dev": 2}
+    for r in sorted(results, key=lambda r: order.get(r["dataset"], 9)):
+        chosen = r["chosen"]
+        out += [f"### {r['dataset']}", "",
+                f"{r['sample']['tasks']} answers/claim sets, {r['sample']['claims']} claims "
+                f"({', '.join(f'{k} {v}' for k, v in r['sample']['labels'].items())}), "
+                f"{r['sample']['candidates_per_task']} candidate passages on average; "
+                f"{r['propositions_per_claim']} propositions per claim. Margin {chosen['margin']}; "
+                f"lexical λ {chosen['lexical_weight']} with margin {chosen['lexical_margin']} "
+                f"({r['chosen_source']}).", ""]
+        groups = list(next(iter(r["methods"].values())).keys())
+        head = "| method | " + " | ".join(f"{g} P / R / F1" for g in groups) + " | unsupported uncited |"
+        out += [head, "|---|" + "---:|" * (len(groups) + 1)]
+        first = groups[0]
+        for method in CITATION_METHODS:
+            if method not in r["methods"]:
+                continue
+            row = r["methods"][method]
+            cells = [f"{row[g]['precision']} / {row[g]['recall']} / **{row[g]['f1']}**" if g == first
+                     else f"{row[g]['precision']} / {row[g]['recall']} / {row[g]['f1']}" for g in groups]
+            out.append(f"| {method} | " + " | ".join(cells) + f" | {_fmt(row[first]['uncited_unsupported'])} |")
+        if r.get("partial_support"):
+            ps = r["partial_support"]
+            out += ["", f"Partially supported claims (non-supported-tokens dev): {ps['propositions']} propositions, "
+                    f"{ps['unsupported']} mostly inside non-supported tokens. Left uncited: "
+                    + "; ".join(f"{k.replace('uncited_', '')} {v}%" for k, v in ps.items() if k.startswith("uncited_"))
+                    + "."]
+        out += ["", _provenance([r]), ""]
+    return "\n".join(out)
+
+
+def render_citation_latency(results: List[dict]) -> str:
+    out = ["## Citation latency (CPU)", "",
+           "Milliseconds per answer sentence with the K passages already encoded: proposition "
+           "tagging (spaCy) + encoding the sentence + sub-query scoring.", "",
+           "| K passages | median ms | p90 ms | of which tagging (median) | sentences |", "|---:|---:|---:|---:|---:|"]
+    for r in results:
+        for k, v in r["latency"].items():
+            out.append(f"| {k.split('=')[1]} | {v['median_ms']} | {v['p90_ms']} | {v['median_tagging_ms']} | {v['sentences']} |")
+    out += ["", _provenance(results)]
+    return "\n".join(out)
+
+
 def sentence_chart(grouped: Dict[str, List[dict]], path: Path) -> bool:
     """Bar chart of sentence-level P@1 per method and dataset; False when there is nothing to plot."""
     points = defaultdict(dict)
@@ -222,6 +301,9 @@ RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     "atomic_facts": render_atomic_facts,
     "marker_choice": render_marker_choice,
     "speed": render_speed,
+    "segmentation": render_segmentation,
+    "citation": render_citation,
+    "citation-latency": render_citation_latency,
 }
 
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
 from agrame import scoring
 from agrame.corpus import EncodedCorpus, PassageLike
 from agrame.encoder import Encoder
+from agrame.lexical import LexicalCollection, simple_tokenize
 from agrame.ranker import Ranker
 from agrame.spans import span_token_mask, split_sentences
 
@@ -43,8 +44,9 @@ class PropositionCitation(NamedTuple):
     passage: Optional[int]          # cited passage index; None when the margin was not met
     best_passage: int               # top passage, cited or not
     passage_span: Tuple[int, int]   # best-matching sentence of best_passage (characters)
-    score: float                    # mean per-token similarity with best_passage
+    score: float                    # mean per-token similarity with best_passage (+ lexical prior)
     runner_up: float                # the same for the second passage (−inf with one passage)
+    passage_scores: Tuple[float, ...] = ()  # the same for every passage
 
 
 class SentenceCitation(NamedTuple):
@@ -69,11 +71,13 @@ class Citer:
     passages). ``margin``: cite a proposition's top passage only when its per-token
     mean similarity beats the runner-up's by at least this much (None: always cite).
     ``max_citations``: keep at most this many passages per sentence (highest scores).
+    ``lexical_weight``: λ of an optional lexical prior — every proposition's per-passage
+    score gets λ·BM25(sentence, passage)/max over the passages (0: pure PropCite).
     """
 
     def __init__(self, model: Union[Ranker, Encoder, str, Path, None] = None, *, mode: Mode = "propositions",
                  margin: Optional[float] = None, max_citations: Optional[int] = None,
-                 tagger: Optional[Tagger] = None, batch_size: int = 16):
+                 tagger: Optional[Tagger] = None, batch_size: int = 16, lexical_weight: float = 0.0):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if margin is not None and margin < 0:
@@ -83,6 +87,10 @@ class Citer:
         self.ranker = model if isinstance(model, Ranker) else Ranker(model, batch_size=batch_size)
         self.mode, self.margin, self.max_citations = mode, margin, max_citations
         self.tagger = tagger or tag_propositions
+        if lexical_weight < 0:
+            raise ValueError("lexical_weight must be ≥ 0")
+        self.lexical_weight = float(lexical_weight)
+        self._lexical_cache: Dict[int, Tuple[EncodedCorpus, LexicalCollection]] = {}
 
     @property
     def encoder(self) -> Encoder:
@@ -92,10 +100,10 @@ class Citer:
         """Encode the generator's input passages once (their sentences give citation spans)."""
         if isinstance(passages, EncodedCorpus):
             return passages
-        corpus = self.ranker.encode(passages, progress=progress)
-        if len(corpus) == 0:
+        passages = list(passages)
+        if not passages:
             raise ValueError("no passages to cite")
-        return corpus
+        return self.ranker.encode(passages, progress=progress)
 
     # -- one sentence --------------------------------------------------------------
     def cite_sentence(self, sentence: str, passages: Union[EncodedCorpus, Iterable[PassageLike]],
@@ -145,6 +153,8 @@ class Citer:
             token_sims = [sim] * len(props)
             token_masks = list(masks)
         means = scores / n_tokens.unsqueeze(1)
+        if self.lexical_weight:
+            means = means + self.lexical_weight * self.lexical_prior(sentence, corpus).unsqueeze(0)
         top = min(2, len(corpus))
         # Stable sort: ties go to the lower passage index, so results are deterministic.
         order = torch.sort(means, dim=1, descending=True, stable=True)
@@ -157,9 +167,20 @@ class Citer:
             cited = self.margin is None or score - runner >= self.margin
             span = self._best_span(corpus, p, token_sims[i], token_masks[i])
             out_props.append(PropositionCitation(piece, span_text(sentence, piece), p if cited else None, p,
-                                                 span, score, runner))
+                                                 span, score, runner, tuple(means[i].tolist())))
         citations = self._citations(out_props, means, best)
         return SentenceCitation(0, len(sentence), sentence, citations, tuple(out_props))
+
+    def lexical_prior(self, sentence: str, corpus: EncodedCorpus) -> torch.Tensor:
+        """BM25 of ``sentence`` against each passage (statistics of these passages), max-normalised to [0, 1]."""
+        key = id(corpus)
+        if key not in self._lexical_cache or self._lexical_cache[key][0] is not corpus:
+            if len(self._lexical_cache) >= 8:
+                self._lexical_cache.pop(next(iter(self._lexical_cache)))
+            self._lexical_cache[key] = (corpus, LexicalCollection([simple_tokenize(t) for t in corpus.texts]))
+        scores = torch.tensor(self._lexical_cache[key][1].scores(simple_tokenize(sentence)), dtype=torch.float32)
+        top = float(scores.max()) if scores.numel() else 0.0
+        return scores / top if top > 0 else torch.zeros_like(scores)
 
     def _citations(self, props: List[PropositionCitation], means: torch.Tensor, best) -> Tuple[int, ...]:
         if self.mode == "sentence-top2" and means.shape[1] > 1:
@@ -240,14 +261,16 @@ def insert_markers(answer: str, sentences: Sequence[SentenceCitation]) -> str:
 
 def cite(answer: str, passages: Union[EncodedCorpus, Iterable[PassageLike]], *,
          model: Union[Ranker, Encoder, str, Path, None] = None, margin: Optional[float] = None,
-         max_citations: Optional[int] = None, mode: Mode = "propositions") -> CitedAnswer:
+         max_citations: Optional[int] = None, mode: Mode = "propositions",
+         lexical_weight: float = 0.0) -> CitedAnswer:
     """Attribute every proposition of ``answer`` to ``passages`` and add ``[n]`` citations.
 
     >>> result = cite(answer, [passage_1, passage_2])
     >>> result.text                       # "… sentence one [1]. Sentence two [1][2]."
     >>> result.sentences[1].propositions  # per proposition: passage, span in it, score
     """
-    return Citer(model, mode=mode, margin=margin, max_citations=max_citations).cite(answer, passages)
+    return Citer(model, mode=mode, margin=margin, max_citations=max_citations,
+                 lexical_weight=lexical_weight).cite(answer, passages)
 
 
 __all__ = ["cite", "Citer", "CitedAnswer", "SentenceCitation", "PropositionCitation", "insert_markers", "MODES"]

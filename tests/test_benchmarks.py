@@ -86,3 +86,32 @@ def test_propsegment_protocol_counts():
     for q in data.queries:
         assert all(data.candidates[i][0] in q.gold_sentences for i in q.gold)
         assert q.sentence not in {data.candidates[i][0] for i in q.gold} or q.sentence in q.gold_sentences
+
+
+def test_segmentation_smoke(tmp_path):
+    from benchmarks import segmentation
+
+    out = tmp_path / "seg.json"
+    segmentation.main(["--split", "dev", "--limit", "15", "--out", str(out)])
+    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["aligner on reference texts"]["theta_0.5"]["f1"] > 90
+    assert rows["whole sentence"]["per_sentence"] == 1.0
+
+
+def test_citation_smoke(tmp_path, tiny_model_dir, monkeypatch):
+    from benchmarks import citation
+
+    rand = tmp_path / "rand.json"
+    citation.main(["--dataset", "expertqa", "--split", "rand_val", "--limit", "3", "--model", str(tiny_model_dir),
+                   "--no-single-vector", "--out", str(rand)])
+    result = json.loads(rand.read_text())
+    assert set(result["chosen"]) == {"margin", "lexical_weight", "lexical_margin"}
+    assert {"bm25-top1", "propositions", "propositions+margin", "sentence-top2"} <= set(result["methods"])
+    monkeypatch.setattr(citation, "RESULTS", tmp_path)
+    monkeypatch.setattr(citation.chosen_settings, "__defaults__", (rand,))
+    wice = tmp_path / "wice.json"
+    citation.main(["--dataset", "wice", "--limit", "2", "--model", str(tiny_model_dir), "--no-single-vector",
+                   "--out", str(wice)])
+    result = json.loads(wice.read_text())
+    assert result["methods"]["propositions"]["partial_tokens"]["claims"] == 2
+    assert result["partial_support"]["propositions"] >= 2

@@ -111,3 +111,50 @@ def test_help_mentions_formats(capsys):
     with pytest.raises(SystemExit):
         main(["rank", "--help"])
     assert "JSONL" in capsys.readouterr().out
+
+
+@pytest.fixture
+def curie_files():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "examples"
+    return root / "curie_answer.txt", root / "curie_passages.jsonl"
+
+
+def test_cite_text_and_jsonl(capsys, curie_files, tiny_model_dir):
+    answer, passages = curie_files
+    code, out, _ = run(["cite", "--answer", answer, "--passages", passages, "-m", tiny_model_dir], capsys)
+    assert code == 0
+    body, _, refs = out.partition("\n\n")
+    assert body.count("[") >= 3  # every sentence cited (no margin)
+    assert all(line.startswith("[") for line in refs.strip().splitlines())
+    code, out, _ = run(["cite", "-a", answer, "-p", passages, "-m", tiny_model_dir, "-f", "jsonl",
+                        "--margin", "5"], capsys)
+    assert code == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert len(rows) == 3 and all(r["citations"] == [] for r in rows)  # a margin no gap reaches
+    text = answer.read_text()
+    for r in rows:
+        assert text[r["start"]:r["end"]] == r["text"]
+        for prop in r["propositions"]:
+            assert prop["passage"] is None and prop["best_passage"] in {"curie-early-life", "curie-chemistry", "eiffel-tower"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--answer", "-", "--passages", "-"], "cannot both"),
+    (["--answer", "missing.txt", "--passages", "PASSAGES"], "no such file"),
+    (["--answer", "ANSWER", "--passages", "PASSAGES", "--margin", "-1"], "margin"),
+    (["--answer", "ANSWER", "--passages", "PASSAGES", "--lexical-weight", "-1"], "lexical"),
+])
+def test_cite_usage_errors(capsys, curie_files, tiny_model_dir, argv, message):
+    answer, passages = curie_files
+    argv = [str(answer) if a == "ANSWER" else str(passages) if a == "PASSAGES" else a for a in argv]
+    code, _, err = run(["cite", *argv, "-m", tiny_model_dir], capsys)
+    assert code == 2 and message in err
+
+
+def test_cite_empty_answer_from_stdin(capsys, monkeypatch, curie_files, tiny_model_dir):
+    _, passages = curie_files
+    code, _, err = run(["cite", "-a", "-", "-p", passages, "-m", tiny_model_dir], capsys, stdin=b"  \n",
+                       monkeypatch=monkeypatch)
+    assert code == 2 and "empty" in err

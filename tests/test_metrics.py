@@ -62,3 +62,23 @@ def test_bm25_scores_match_bm25s():
     for d, s in zip(docs[0], scores[0]):
         assert math.isclose(ours[int(d)], float(s), rel_tol=1e-5, abs_tol=1e-5)
     assert pool.score_texts(query, texts) == pytest.approx(ours)
+
+
+def test_citation_scores_hand_computed():
+    from benchmarks.metrics import citation_scores
+
+    cases = [
+        ({0}, [{0}]),            # right
+        ({0, 1}, [{1, 2}]),      # one right, one wrong; recall 1/2
+        (set(), [{3}]),          # missed: recall 0
+        ({2}, []),               # cited an unsupported claim: wrong
+        (set(), []),             # unsupported left uncited
+        ({4}, [{4, 5}, {4}]),    # second gold set fully cited: recall 1
+    ]
+    s = citation_scores(cases)
+    assert s["precision"] == round(100 * 3 / 5, 1)           # right citations 0, 1, 4 of 5
+    assert s["recall"] == round(100 * (1 + 0.5 + 0 + 1) / 4, 1)
+    p, r = 3 / 5, 2.5 / 4
+    assert s["f1"] == round(100 * 2 * p * r / (p + r), 1)
+    assert s["uncited_unsupported"] == 50.0 and s["any_gold"] == 75.0
+    assert (s["claims"], s["supported"], s["unsupported"], s["citations"]) == (6, 4, 2, 5)

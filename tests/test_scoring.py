@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -130,3 +131,23 @@ def test_combined_score_broadcasts_alpha():
     passages = torch.tensor([10.0, 10.0, 20.0])
     assert scoring.combined_score(spans, passages, 0.5).tolist() == [6.0, 7.0, 13.0]
     assert scoring.combined_score(spans, passages, 0.0).tolist() == [1.0, 2.0, 3.0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 12), st.integers(1, 4), st.integers(1, 4), st.integers(0, 2**31 - 1))
+def test_subquery_segment_maxsim_matches_naive_loop(lq, n, n_seg, n_sub, seed):
+    g = torch.Generator().manual_seed(seed)
+    sim = torch.randn(lq, n, generator=g)
+    seg = torch.randint(-1, n_seg, (n,), generator=g)
+    masks = torch.rand(n_sub, lq, generator=g) > 0.4
+    got = scoring.subquery_segment_maxsim(sim, masks, seg, n_seg)
+    per_token = scoring.segment_max(sim, seg, n_seg)
+    for m in range(n_sub):
+        for s in range(n_seg):
+            cols = (seg == s).nonzero().flatten()
+            if cols.numel() == 0:
+                assert got[m, s] == float("-inf")
+                continue
+            expected = sum(float(sim[i, cols].max()) for i in range(lq) if masks[m, i])
+            assert float(got[m, s]) == pytest.approx(expected, abs=1e-5)
+            assert float(per_token[0, s]) == pytest.approx(float(sim[0, cols].max()))
