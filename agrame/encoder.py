@@ -173,8 +173,15 @@ class Encoder(nn.Module):
         return self._fingerprint
 
     # -- forward ---------------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                detach_embeddings: bool = False) -> torch.Tensor:
+        """Unit token vectors. ``detach_embeddings`` (training): no gradient flows back into the
+        word embeddings, so frozen lower layers need no backward pass for these inputs."""
+        if detach_embeddings:
+            embeds = self.backbone.get_input_embeddings()(input_ids).detach()
+            hidden = self.backbone(inputs_embeds=embeds, attention_mask=attention_mask).last_hidden_state
+        else:
+            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         if self.projection is not None:
             hidden = self.projection(hidden)
         return nn.functional.normalize(hidden, p=2, dim=-1)
@@ -195,21 +202,12 @@ class Encoder(nn.Module):
         longer than ``query_maxlen`` is kept whole (no silent truncation) and simply gets
         no ``[MASK]`` padding; one longer than the backbone's positions is an error.
         """
-        ids_list, offs_list = self._tokenize(texts)
-        mask_id = self.tokenizer.mask_token_id
-        sep = self.tokenizer.sep_token_id
         rows, row_offsets, row_attend = [], [], []
         for name in markers:
-            prefix = self._prefix(self.marker_id(name))
-            for text, ids, offs in zip(texts, ids_list, offs_list):
-                seq = prefix + list(ids) + [sep]
-                if len(seq) > self.max_positions:
-                    raise ValueError(f"query of {len(ids)} tokens exceeds the model's {self.max_positions} positions")
-                pad = max(0, self.settings.query_maxlen - len(seq)) if self.settings.query_augmentation else 0
-                attend = [1] * len(seq) + [int(self.settings.attend_to_mask_tokens)] * pad
-                rows.append(seq + [mask_id] * pad)
-                row_offsets.append([(0, 0)] * len(prefix) + [tuple(o) for o in offs] + [(0, 0)] * (1 + pad))
-                row_attend.append(attend)
+            r, o, a = self.query_inputs(texts, name)
+            rows += r
+            row_offsets += o
+            row_attend += a
         vectors = self._run(rows, row_attend)
         out: List[List[EncodedQuery]] = []
         for m in range(len(markers)):
@@ -220,6 +218,38 @@ class Encoder(nn.Module):
                                                torch.tensor(row_offsets[r], dtype=torch.long).reshape(-1, 2)))
             out.append(per_marker)
         return out
+
+    def query_inputs(self, texts: Sequence[str], marker: Optional[str]):
+        """Token ids, character offsets and attention of each query row (the one place queries are built).
+
+        ``[CLS] (marker) tokens [SEP]`` then, with query augmentation, ``[MASK]`` up to
+        ``query_maxlen``. Training builds its query batches here too.
+        """
+        ids_list, offs_list = self._tokenize(texts)
+        mask_id = self.tokenizer.mask_token_id
+        sep = self.tokenizer.sep_token_id
+        prefix = self._prefix(self.marker_id(marker))
+        rows, row_offsets, row_attend = [], [], []
+        for ids, offs in zip(ids_list, offs_list):
+            seq = prefix + list(ids) + [sep]
+            if len(seq) > self.max_positions:
+                raise ValueError(f"query of {len(ids)} tokens exceeds the model's {self.max_positions} positions")
+            pad = max(0, self.settings.query_maxlen - len(seq)) if self.settings.query_augmentation else 0
+            row_attend.append([1] * len(seq) + [int(self.settings.attend_to_mask_tokens)] * pad)
+            rows.append(seq + [mask_id] * pad)
+            row_offsets.append([(0, 0)] * len(prefix) + [tuple(o) for o in offs] + [(0, 0)] * (1 + pad))
+        return rows, row_offsets, row_attend
+
+    def passage_inputs(self, text: str):
+        """Token ids of a passage's first window and, per row position, whether it is scored and
+        its character offsets (training encodes one window: SQuAD paragraphs fit in 256)."""
+        ids_list, offs_list = self._tokenize([text])
+        ids, offs = list(ids_list[0])[: self._window_width()], list(offs_list[0])[: self._window_width()]
+        prefix = self._prefix(self.marker_id("D"))
+        row = prefix + ids + [self.tokenizer.sep_token_id]
+        scored = [True] * len(prefix) + [i not in self._skip_ids for i in ids] + [True]
+        offsets = [(0, 0)] * len(prefix) + [tuple(o) for o in offs] + [(0, 0)]
+        return row, scored, offsets
 
     def encode_query(self, text: str, marker: str = "Q") -> EncodedQuery:
         return self.encode_queries([text], (marker,))[0][0]

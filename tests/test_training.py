@@ -1,0 +1,98 @@
+"""Student scorer vs the inference path, resumable deterministic training, training data rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agrame.ranker import Ranker
+from agrame.spans import split_sentences
+from training.data import answer_sentences
+from training.losses import MultiGranularKLLoss
+from training.loop import LoopSettings, batches, train
+from training.student import StudentScorer, make_loss, trainable_parameters
+
+TEXTS = ["Reefs bleach in warm water. Polyps build reefs.", "Bleach whitens cloth. It is toxic.",
+         "The tower is tall. It was built in 1889.", "Fish swim. Birds fly."]
+
+
+def record(question, order, teacher=(3.0, 0.0, -1.0)):
+    passages = []
+    for k, i in enumerate(order):
+        sentences = [list(s) for s in split_sentences(TEXTS[i])]
+        passages.append({"text": TEXTS[i], "sentences": sentences, "teacher": teacher[k],
+                         "teacher_sentences": [1.0 - j for j in range(len(sentences))]})
+    return {"question": question, "passages": passages}
+
+
+@pytest.fixture
+def encoder(make_tiny_encoder):
+    enc = make_tiny_encoder(doc_maxlen=64, query_maxlen=8)
+    return enc.with_settings(markers={"Q": "[unused0]", "Q'": "[unused2]", "D": "[unused1]"},
+                             span_query_marker="Q'")
+
+
+def test_student_scores_equal_the_ranker(encoder):
+    batch = [record("why do reefs bleach", [0, 1, 2]), record("who built the tower in 1889", [2, 3, 0])]
+    scorer = StudentScorer(encoder, "Q'").eval()
+    with torch.no_grad():
+        passage, sentence, mask = scorer(batch)
+    ranker = Ranker(encoder, alpha=0.0)
+    for b, r in enumerate(batch):
+        corpus = ranker.encode([(str(k), p["text"]) for k, p in enumerate(r["passages"])])
+        for hit in ranker.rank(r["question"], corpus, "passage", top_k=None):
+            assert float(passage[b, int(hit.passage_id)]) == pytest.approx(hit.score, abs=1e-4)
+        for hit in ranker.rank(r["question"], corpus, "sentence", top_k=None):
+            p = int(hit.passage_id)
+            s = [tuple(x) for x in r["passages"][p]["sentences"]].index((hit.start, hit.end))
+            assert mask[b, p, s]
+            assert float(sentence[b, p, s]) == pytest.approx(hit.span_score, abs=1e-4)
+    assert not mask[0, 0, 2:].any()  # two sentences, the rest is padding
+
+
+def test_training_is_deterministic_and_resumes(encoder, tmp_path, make_tiny_encoder):
+    examples = [record(q, [0, 1, 2]) for q in ("reefs", "bleach", "tower", "fish", "water", "build")]
+
+    def run(folder, steps_first):
+        torch.manual_seed(0)
+        enc = make_tiny_encoder(doc_maxlen=64, query_maxlen=8, seed=3).with_settings(
+            markers={"Q": "[unused0]", "Q'": "[unused2]", "D": "[unused1]"})
+        params = trainable_parameters(enc, 1)
+        scorer = StudentScorer(enc, "Q'")
+        loss = make_loss(scorer, MultiGranularKLLoss())
+        settings = LoopSettings(steps=4, batch_size=2, lr=1e-3, checkpoint_every=1, seed=1)
+        if steps_first < 4:
+            train(scorer, examples, loss, LoopSettings(**{**settings.__dict__, "minutes": 0.0}), folder,
+                  params=params)  # stops after one step, as if interrupted
+        result = train(scorer, examples, loss, settings, folder, params=params)
+        assert result["done"]
+        return enc
+
+    a = run(tmp_path / "a", 4)
+    b = run(tmp_path / "b", 1)
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.allclose(x, y, atol=1e-6), name
+    assert (tmp_path / "a" / "train.log").exists()
+
+
+def test_only_marker_rows_of_the_embedding_learn(encoder):
+    params = trainable_parameters(encoder, 1)
+    emb = encoder.backbone.get_input_embeddings().weight
+    before = emb.detach().clone()
+    scorer = StudentScorer(encoder, "Q'")
+    loss = make_loss(scorer, MultiGranularKLLoss())([record("reefs bleach", [0, 1, 2])])
+    loss.backward()
+    torch.optim.AdamW([{"params": [p for p in params if p is not emb]},
+                       {"params": [emb], "weight_decay": 0.0}], lr=0.1).step()
+    changed = (emb.detach() != before).any(dim=1).nonzero().flatten().tolist()
+    assert changed == sorted({encoder.marker_id("Q"), encoder.marker_id("Q'")})
+    frozen = encoder.backbone.encoder.layer[0].attention.self.query.weight
+    assert not frozen.requires_grad
+
+
+def test_batches_replay_and_answer_sentences():
+    full = list(batches(10, 3, seed=5, start_step=0, steps=7))
+    assert list(batches(10, 3, seed=5, start_step=4, steps=7)) == full[4:]
+    assert all(len(idx) == 3 for _, idx in full)
+    assert answer_sentences([(0, 10), (11, 20), (21, 30)], 12, 25) == [1, 2]
+    assert answer_sentences([(0, 10), (11, 20)], 3, 5) == [0]

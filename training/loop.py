@@ -1,0 +1,147 @@
+"""A small resumable training loop shared by the teachers and the student.
+
+Deterministic with a seed: the example order of every epoch is a seeded permutation, so a
+resumed run replays exactly the batches it would have seen. Checkpoints (model,
+optimizer, scheduler, step) are written to a temporary name and renamed; a run stops at
+``steps`` or after ``minutes`` of wall time, whichever comes first, and a later call with
+the same folder resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+
+@dataclass
+class LoopSettings:
+    steps: int = 1000
+    batch_size: int = 8            # training examples (queries) per step
+    lr: float = 3e-5
+    warmup: float = 0.1            # share of steps with a linear warm-up
+    weight_decay: float = 0.01
+    seed: int = 0
+    checkpoint_every: int = 50
+    minutes: Optional[float] = None  # stop (resumably) after this much wall time
+    log_every: int = 10
+
+
+def seeded(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def batches(n_examples: int, batch_size: int, seed: int, start_step: int, steps: int):
+    """Yield (step, indices) from ``start_step``: epochs of seeded permutations, last partial batch dropped."""
+    per_epoch = max(1, n_examples // batch_size)
+    step = start_step
+    while step < steps:
+        epoch, offset = divmod(step, per_epoch)
+        order = np.random.RandomState(seed + epoch).permutation(n_examples)
+        yield step, order[offset * batch_size:(offset + 1) * batch_size].tolist()
+        step += 1
+
+
+def logger_for(folder: Path) -> logging.Logger:
+    log = logging.getLogger(f"agrame.train.{folder}")
+    if not log.handlers:
+        folder.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(folder / "train.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    return log
+
+
+def train(model: torch.nn.Module, examples: Sequence, loss_fn: Callable[[List], torch.Tensor],
+          settings: LoopSettings, folder: str | Path, params: Optional[List[torch.nn.Parameter]] = None,
+          save: Optional[Callable[[Path], None]] = None) -> dict:
+    """Optimise ``loss_fn(batch_of_examples)``; returns {"step", "done", "loss"}.
+
+    ``save(path)`` writes the final model (default: ``torch.save`` of the state dict).
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    log = logger_for(folder)
+    seeded(settings.seed)
+    params = params if params is not None else [p for p in model.parameters() if p.requires_grad]
+    # Biases, norms and tensors flagged `_no_decay` (an embedding whose other rows are frozen) skip decay.
+    decay = [p for p in params if p.ndim >= 2 and not getattr(p, "_no_decay", False)]
+    no_decay = [p for p in params if p.ndim < 2 or getattr(p, "_no_decay", False)]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr)
+    warm = max(1, int(settings.warmup * settings.steps))
+
+    def schedule(step: int) -> float:  # linear warm-up, then linear decay to 0
+        if step < warm:
+            return (step + 1) / warm
+        return max(0.0, (settings.steps - step) / max(1, settings.steps - warm))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    ckpt = folder / "checkpoint.pt"
+    start = 0
+    if ckpt.exists():
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        model.load_state_dict(state["model"], strict=False)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        start = state["step"]
+        log.info("resumed at step %d", start)
+    (folder / "settings.json").write_text(json.dumps(asdict(settings), indent=2))
+
+    def checkpoint(step: int) -> None:
+        tmp = folder / f".checkpoint.tmp-{os.getpid()}"
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "step": step}, tmp)
+        tmp.replace(ckpt)
+
+    began = time.time()
+    model.train()
+    running, seen = 0.0, 0
+    bar = tqdm(total=settings.steps, initial=start, desc=f"train {folder.name}", disable=None)
+    step = start
+    for step, idx in batches(len(examples), settings.batch_size, settings.seed, start, settings.steps):
+        torch.manual_seed(settings.seed * 1_000_003 + step)  # dropout replays exactly after a resume
+        loss = loss_fn([examples[i] for i in idx])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        scheduler.step()
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise FloatingPointError(f"loss is {value} at step {step}")
+        running += value
+        seen += 1
+        bar.update(1)
+        if (step + 1) % settings.log_every == 0:
+            log.info("step %d loss %.4f lr %.2e", step + 1, running / seen, scheduler.get_last_lr()[0])
+            bar.set_postfix(loss=f"{running / seen:.4f}")
+            running, seen = 0.0, 0
+        if (step + 1) % settings.checkpoint_every == 0:
+            checkpoint(step + 1)
+        if settings.minutes is not None and time.time() - began > 60 * settings.minutes:
+            checkpoint(step + 1)
+            log.info("time budget reached at step %d", step + 1)
+            bar.close()
+            return {"step": step + 1, "done": False}
+    bar.close()
+    done_step = max(start, step + 1 if settings.steps > start else start)
+    checkpoint(done_step)
+    model.eval()
+    if save is not None:
+        save(folder / "final")
+    log.info("done at step %d", done_step)
+    return {"step": done_step, "done": True}

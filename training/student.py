@@ -1,0 +1,239 @@
+"""The multi-vector student: AGRaME's multi-granular distillation (§3.3) and its ablations.
+
+    python -m training.student --data runs/train/distill.jsonl --out runs/students/agrame \\
+        --sentence-marker "Q'" --weighting softmax --layers 2 --dim 128 --steps 600 --minutes 25
+
+- Passage scores S(q,p) use the ``[Q]`` query; sentence scores S'(q,s) use the query with
+  ``--sentence-marker`` (``Q'``: AGRaME; ``Q``: ablation A3), masked MaxSim over the
+  passage's own token vectors (one encoding of the passage serves both).
+- Loss: :class:`training.losses.MultiGranularKLLoss`; ``--sentence-weight 0`` trains the
+  passage-loss-only ColBERT baseline.
+- Tuned: the top ``--layers`` transformer layers, the projection (initialised from the
+  principal directions of MiniLM token vectors, so training starts from a projection that
+  keeps similarities instead of a random one) and the ``[Q]``/``[Q']`` embedding rows; the
+  rest stays MiniLM, which keeps the shipped delta small and a CPU step cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from agrame.encoder import DEFAULT_MARKERS, Encoder, EncoderSettings, load_encoder
+from agrame.spans import token_segments
+
+from .losses import MultiGranularKLLoss
+
+
+def student_encoder(dim: Optional[int], query_augmentation: bool, doc_maxlen: int) -> Encoder:
+    """MiniLM with AGRaME markers and (optionally) a new projection, before training."""
+    base = load_encoder(None)
+    settings = EncoderSettings(dim=dim, doc_maxlen=doc_maxlen, markers=dict(DEFAULT_MARKERS),
+                               span_query_marker="Q'", query_augmentation=query_augmentation)
+    projection = nn.Linear(base.dim, dim, bias=False) if dim else None
+    return Encoder(base.backbone, base.tokenizer, settings, projection, source="agrame-student")
+
+
+@torch.no_grad()
+def init_projection(encoder: Encoder, texts: Sequence[str], batch_size: int = 16) -> None:
+    """Projection ← the top ``dim`` right singular vectors of MiniLM token vectors (uncentred:
+    dot products, not variances, are what MaxSim uses)."""
+    if encoder.projection is None:
+        return
+    rows = [encoder.passage_inputs(t)[0] for t in texts]
+    hidden = []
+    for b in range(0, len(rows), batch_size):
+        batch = rows[b:b + batch_size]
+        ids, mask = _pad(batch, encoder.tokenizer.pad_token_id)
+        h = encoder.backbone(input_ids=ids, attention_mask=mask).last_hidden_state
+        hidden.append(h[mask.bool()])
+    matrix = torch.cat(hidden)
+    _, _, v = torch.linalg.svd(matrix, full_matrices=False)
+    encoder.projection.weight.copy_(v[: encoder.projection.out_features])
+
+
+def _pad(rows: Sequence[Sequence[int]], pad: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(list(r), dtype=torch.long)
+        mask[i, :len(r)] = 1
+    return ids, mask
+
+
+def trainable_parameters(encoder: Encoder, layers: int) -> List[nn.Parameter]:
+    """Freeze everything but the top ``layers`` layers, the projection and the query-marker rows."""
+    for p in encoder.parameters():
+        p.requires_grad_(False)
+    params: List[nn.Parameter] = []
+    blocks = encoder.backbone.encoder.layer
+    for block in list(blocks)[len(blocks) - layers:] if layers else []:
+        for p in block.parameters():
+            p.requires_grad_(True)
+            params.append(p)
+    if encoder.projection is not None:
+        encoder.projection.weight.requires_grad_(True)
+        params.append(encoder.projection.weight)
+    rows = sorted({encoder.marker_id(m) for m in ("Q", "Q'") if encoder.marker_id(m) is not None})
+    if rows:
+        emb = encoder.backbone.embeddings.word_embeddings.weight
+        emb.requires_grad_(True)
+        keep = torch.zeros(emb.shape[0], 1)
+        keep[rows] = 1.0
+        emb.register_hook(lambda g: g * keep)  # only the marker rows learn
+        emb._no_decay = True  # weight decay would shrink every other row
+        params.append(emb)
+    return params
+
+
+class StudentScorer(nn.Module):
+    """Differentiable S(q,p) and S'(q,s) for a batch of queries × their k+1 passages."""
+
+    def __init__(self, encoder: Encoder, sentence_marker: str = "Q'"):
+        super().__init__()
+        self.encoder = encoder
+        self.sentence_marker = sentence_marker
+        self._passage_cache: dict = {}
+
+    def passage_batch(self, passages: Sequence[dict]):
+        rows, scored, segments, n_sent = [], [], [], []
+        for p in passages:
+            key = p["text"]
+            if key not in self._passage_cache:
+                row, keep, offsets = self.encoder.passage_inputs(p["text"])
+                seg = token_segments(torch.tensor(offsets, dtype=torch.long), [tuple(s) for s in p["sentences"]])
+                self._passage_cache[key] = (row, torch.tensor(keep), seg)
+            row, keep, seg = self._passage_cache[key]
+            rows.append(row)
+            scored.append(keep)
+            segments.append(seg)
+            n_sent.append(len(p["sentences"]))
+        ids, mask = _pad(rows, self.encoder.tokenizer.pad_token_id)
+        width = ids.shape[1]
+        doc_mask = torch.zeros_like(mask, dtype=torch.bool)
+        seg_ids = torch.full(ids.shape, -1, dtype=torch.long)
+        for i, (keep, seg) in enumerate(zip(scored, segments)):
+            doc_mask[i, :len(keep)] = keep
+            seg_ids[i, :len(seg)] = torch.where(keep, seg, torch.full_like(seg, -1))
+        return ids, mask, doc_mask, seg_ids, max(n_sent), width
+
+    def query_vectors(self, questions: Sequence[str], marker: str) -> Tuple[torch.Tensor, torch.Tensor]:
+        rows, _, attend = self.encoder.query_inputs(questions, marker)
+        ids, present = _pad(rows, self.encoder.tokenizer.pad_token_id)
+        attention = torch.zeros_like(present)
+        for i, a in enumerate(attend):
+            attention[i, :len(a)] = torch.tensor(a)
+        return self.encoder(ids, attention), present.bool()  # every row position that exists is scored
+
+    def forward(self, batch: Sequence[dict]):
+        """Student passage scores ``[B, P]``, sentence scores ``[B, P, S]`` and the sentence mask."""
+        n_p = len(batch[0]["passages"])
+        if any(len(r["passages"]) != n_p for r in batch):
+            raise ValueError("every query of a batch needs the same number of passages")
+        questions = [r["question"] for r in batch]
+        q, q_mask = self.query_vectors(questions, "Q")
+        if self.encoder.same_query_encoding(self.sentence_marker, "Q"):
+            qs, qs_mask = q, q_mask
+        else:
+            qs, qs_mask = self.query_vectors(questions, self.sentence_marker)
+        flat = [p for r in batch for p in r["passages"]]
+        ids, mask, doc_mask, seg_ids, n_sent, width = self.passage_batch(flat)
+        # Passages hold no trained marker: no gradient into the embeddings, so the frozen lower
+        # layers are never back-propagated through for them (the costly side of a step).
+        docs = self.encoder(ids, mask, detach_embeddings=True).reshape(len(batch), n_p, width, -1)
+        doc_mask = doc_mask.reshape(len(batch), n_p, width)
+        seg_ids = seg_ids.reshape(len(batch), n_p, width)
+        neg = torch.finfo(docs.dtype).min
+        sim = torch.einsum("bqd,bptd->bpqt", q, docs).masked_fill(~doc_mask.unsqueeze(2), neg)
+        passage = (sim.amax(dim=-1) * q_mask.unsqueeze(1)).sum(dim=-1)
+        s_sim = sim if qs is q else torch.einsum("bqd,bptd->bpqt", qs, docs).masked_fill(~doc_mask.unsqueeze(2), neg)
+        # Segment max over each sentence's tokens: tokens outside sentences go to a spare slot.
+        index = torch.where(seg_ids >= 0, seg_ids, torch.full_like(seg_ids, n_sent))
+        index = index.unsqueeze(2).expand(-1, -1, s_sim.shape[2], -1)
+        per = torch.full((*s_sim.shape[:3], n_sent + 1), neg, dtype=s_sim.dtype)
+        per = per.scatter_reduce(3, index, s_sim, reduce="amax", include_self=True)[..., :n_sent]
+        sentence_mask = torch.zeros((len(batch), n_p, n_sent), dtype=torch.bool)
+        for b in range(len(batch)):
+            for p in range(n_p):
+                present = seg_ids[b, p][seg_ids[b, p] >= 0].unique()
+                sentence_mask[b, p, present] = True
+        per = per.masked_fill(~sentence_mask.unsqueeze(2), 0.0)  # absent sentences: no −inf into the sum
+        sentence = (per * qs_mask.unsqueeze(1).unsqueeze(-1)).sum(dim=2)
+        return passage, sentence, sentence_mask
+
+
+def teacher_tensors(batch: Sequence[dict], n_sent: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    passage = torch.tensor([[p["teacher"] for p in r["passages"]] for r in batch], dtype=torch.float32)
+    sentence = torch.zeros((len(batch), passage.shape[1], n_sent))
+    for b, r in enumerate(batch):
+        for p, item in enumerate(r["passages"]):
+            scores = item["teacher_sentences"][:n_sent]
+            sentence[b, p, :len(scores)] = torch.tensor(scores, dtype=torch.float32)
+    return passage, sentence
+
+
+def make_loss(scorer: StudentScorer, criterion: MultiGranularKLLoss, log: Optional[list] = None):
+    def loss(batch: Sequence[dict]) -> torch.Tensor:
+        passage, sentence, mask = scorer(batch)
+        t_passage, t_sentence = teacher_tensors(batch, sentence.shape[-1])
+        out = criterion(t_passage, passage, t_sentence, sentence, mask)
+        if log is not None:
+            log.append({k: float(v) for k, v in out.items()})
+        return out["loss"]
+    return loss
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    from .data import read
+    from .loop import LoopSettings, train
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", required=True, help="distillation JSONL (python -m training.teachers score)")
+    parser.add_argument("--out", required=True, help="run folder; the model is written to <out>/final")
+    parser.add_argument("--sentence-marker", choices=("Q", "Q'"), default="Q'",
+                        help="query marker of the sentence loss (Q': AGRaME; Q: ablation A3)")
+    parser.add_argument("--rank-marker", choices=("Q", "Q'"), default=None,
+                        help="marker the saved model ranks sub-units with (default: the training one; "
+                             "Q after training with Q' is ablation A2)")
+    parser.add_argument("--weighting", choices=("softmax", "sigmoid"), default="softmax")
+    parser.add_argument("--sentence-weight", type=float, default=1.0, help="0: passage loss only (ColBERT)")
+    parser.add_argument("--layers", type=int, default=2, help="top transformer layers tuned")
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--doc-maxlen", type=int, default=256)
+    parser.add_argument("--query-augmentation", action="store_true", help="pad queries with [MASK] (ColBERT)")
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--warmup", type=float, default=0.1)
+    parser.add_argument("--minutes", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    torch.manual_seed(args.seed)
+    examples = read(args.data)
+    encoder = student_encoder(args.dim, args.query_augmentation, args.doc_maxlen)
+    out = Path(args.out)
+    if not (out / "checkpoint.pt").exists():
+        init_projection(encoder, [e["passages"][0]["text"] for e in examples[:128]])
+    params = trainable_parameters(encoder, args.layers)
+    scorer = StudentScorer(encoder, args.sentence_marker)
+    criterion = MultiGranularKLLoss(args.weighting, args.sentence_weight)
+    settings = LoopSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
+                            seed=args.seed, minutes=args.minutes, checkpoint_every=25)
+    rank_marker = args.rank_marker or args.sentence_marker
+
+    def save(path: Path) -> None:
+        final = encoder.with_settings(span_query_marker=rank_marker)
+        final.save(path)
+        (path / "training.json").write_text(json.dumps(vars(args), indent=2))
+
+    print(train(scorer, examples, make_loss(scorer, criterion), settings, out, params=params, save=save))
+
+
+if __name__ == "__main__":
+    main()
