@@ -26,6 +26,8 @@ PROJECTION_FILE = "projection.safetensors"
 
 #: Marker names → vocabulary tokens. BERT vocabularies have unused rows, so no resize:
 #: [Q] and [D] are ColBERTv2's choice (keeps its checkpoints loadable), [Q'] is AGRaME's.
+#: Where the trained default model ships (a delta over MiniLM, see agrame.delta).
+SHIPPED_MODEL = Path(__file__).resolve().parent / "models" / "default"
 DEFAULT_MARKERS: Dict[str, str] = {"Q": "[unused0]", "D": "[unused1]", "Q'": "[unused2]"}
 
 
@@ -476,10 +478,18 @@ def _load_colbert(path: Path) -> Encoder:
 def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder:
     """Load a model folder: AGRaME checkpoint, Stanford ColBERT checkpoint or plain HF model.
 
-    ``None`` loads the default model (zero-shot all-MiniLM-L6-v2 until a trained
-    model ships). Raises :class:`ModelError` for a missing or malformed folder.
+    ``None`` loads the default model: the trained AGRaME delta shipped in
+    ``agrame/models/default`` when present (rebuilt on the installed MiniLM and verified by
+    fingerprint), else zero-shot all-MiniLM-L6-v2. A folder with ``delta.json`` is a delta
+    model. Raises :class:`ModelError` for a missing or malformed folder.
     """
+    from .delta import is_delta, load_delta
+
     if path is None:
+        if is_delta(SHIPPED_MODEL):
+            encoder = load_delta(SHIPPED_MODEL)
+            encoder.source = "default:agrame-minilm"
+            return encoder.to(device)
         path = default_model_path()
         settings = zero_shot_settings()
         backbone, tokenizer = _load_backbone(path)
@@ -489,6 +499,8 @@ def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder
         raise ModelError(f"model path {path} does not exist")
     if not path.is_dir():
         raise ModelError(f"model path {path} is not a folder")
+    if is_delta(path):
+        return load_delta(path).to(device)
     settings_file = path / SETTINGS_FILE
     if settings_file.exists():
         try:

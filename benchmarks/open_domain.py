@@ -60,6 +60,12 @@ def main(argv=None) -> None:
     parser.add_argument("--dataset", required=True, choices=OPEN_DOMAIN_DATASETS)
     parser.add_argument("--method", required=True, choices=METHODS)
     add_model_args(parser)
+    parser.add_argument("--depth", type=int, default=FIRST_STAGE_K,
+                        help=f"BM25 candidates re-ranked per question (default {FIRST_STAGE_K})")
+    parser.add_argument("--tag", default=None,
+                        help="label of this run (e.g. a trained model's name): kept in the result and its file name")
+    parser.add_argument("--span-query-marker", choices=("Q", "Q'"), default=None,
+                        help="marker of the sentence query, overriding the model's (ablation A2)")
     parser.add_argument("--pool-limit", type=int, default=None,
                         help="smoke tests only: gold passages plus this many others (not comparable)")
     args = parser.parse_args(argv)
@@ -72,13 +78,16 @@ def main(argv=None) -> None:
         pool, remap = restrict_pool(pool, keep, args.pool_limit, args.seed)
         for q in questions:
             q.gold_passage = remap.get(q.gold_passage) if q.gold_passage is not None else None
-    harness = Harness("pool", pool.texts, pool_sentences(pool), args.model, args.alpha, args.baseline_model)
+    harness = Harness("pool", pool.texts, pool_sentences(pool), args.model, args.alpha, args.baseline_model,
+                      args.span_query_marker)
     answerable = None
     if questions[0].gold_passage is None:
         matcher = PoolMatcher(pool.texts)
         answerable = {q.qid: matcher(q.answers) for q in questions}
-    docs, _ = harness.bm25.retrieve([q.text for q in questions], min(FIRST_STAGE_K, len(pool)))
-    method, info = harness.make(args.method, [(q.qid, q.text) for q in questions])
+    docs, _ = harness.bm25.retrieve([q.text for q in questions], min(args.depth, len(pool)))
+    # A sample encodes only its candidates (a trained model need not encode the whole pool).
+    needed = sorted({int(c) for row in docs for c in row}) if args.limit else None
+    method, info = harness.make(args.method, [(q.qid, q.text) for q in questions], needed=needed)
     per_question = []
     start = time.perf_counter()
     for q, cands in tqdm(list(zip(questions, docs)), desc=f"{args.dataset} {args.method}", disable=None):
@@ -91,14 +100,15 @@ def main(argv=None) -> None:
         "sample": {"questions": len(questions), "of": len(all_questions),
                    "seed": args.seed if args.limit else None,
                    "with_gold_sentence": sum("sent_p1" in m for m in per_question)},
-        "first_stage": f"bm25 top-{FIRST_STAGE_K}", "pool_passages": len(pool),
+        "first_stage": f"bm25 top-{args.depth}", "pool_passages": len(pool), "tag": args.tag,
         "metrics": metrics, "ms_per_question": round(1000 * seconds / len(questions), 1),
     }
     if answerable is not None:
         subset = [m for q, m in zip(questions, per_question) if answerable[q.qid]]
         result["answerable_share"] = round(100 * len(subset) / len(questions), 1)
         result["metrics_answerable"] = summarize(subset)
-    path = write_result(f"open_domain-{args.dataset}-{args.method}", result, args.out,
+    suffix = f"-{args.tag}" if args.tag else ""
+    path = write_result(f"open_domain-{args.dataset}-{args.method}{suffix}", result, args.out,
                         command_line("benchmarks.open_domain", argv))
     print(f"{args.dataset} {args.method}: {metrics} → {path}")
 

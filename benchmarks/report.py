@@ -91,7 +91,16 @@ METHOD_ORDER = ["bm25", "single-vector", "colbert-zeroshot-sent", "colbert-zeros
 
 def _method_key(r: dict):
     name = r["method"]
-    return (METHOD_ORDER.index(name) if name in METHOD_ORDER else len(METHOD_ORDER), name, str(r.get("model")))
+    return (METHOD_ORDER.index(name) if name in METHOD_ORDER else len(METHOD_ORDER), name, str(r.get("tag") or ""),
+            str(r.get("model")))
+
+
+def _label(r: dict) -> str:
+    """Method name, with the run's tag (a trained model's name) and a non-default first stage."""
+    label = r["method"] + (f" [{r['tag']}]" if r.get("tag") else "")
+    if r.get("first_stage", "bm25 top-100") != "bm25 top-100":
+        label += f" ({r['first_stage']})"
+    return label
 
 
 def _fmt(value) -> str:
@@ -130,7 +139,7 @@ def render_open_domain(results: List[dict]) -> str:
         out += [head + " ms/q |", sep + "---:|"]
         for r in rows:
             m = r["metrics"]
-            line = (f"| {r['method']} | {_sample_text(r)} | {_fmt(m.get('psg_p1'))} | {_fmt(m.get('psg_r5'))} "
+            line = (f"| {_label(r)} | {_sample_text(r)} | {_fmt(m.get('psg_p1'))} | {_fmt(m.get('psg_r5'))} "
                     f"| {_fmt(m.get('sent_p1'))} | {_fmt(m.get('sent_r5'))} | {_fmt(m.get('first_stage_r100'))} |")
             if answer_match:
                 a = r.get("metrics_answerable", {})

@@ -44,8 +44,9 @@ class Harness:
 
     def __init__(self, name: str, texts: Sequence[str], spans: Sequence[Sequence[Tuple[int, int]]],
                  model: Optional[str] = None, alpha: Optional[float] = None,
-                 baseline_model: Optional[str] = None):
+                 baseline_model: Optional[str] = None, span_query_marker: Optional[str] = None):
         self.baseline_model = baseline_model
+        self.span_query_marker = span_query_marker  # override the model's (ablation A2: train [Q'], rank [Q])
         self.name, self.texts, self.spans = name, list(texts), [list(s) for s in spans]
         self.sentences, self.sent_starts = sentence_texts(self.texts, self.spans)
         self.model, self.alpha = model, alpha
@@ -63,8 +64,13 @@ class Harness:
     def owner(self, g: int) -> int:
         return int(np.searchsorted(self.sent_starts, g, side="right")) - 1
 
-    def make(self, method: str, queries: Sequence[Tuple[str, str]]) -> Tuple[Method, dict]:
-        """The ranking function of ``method`` and a description of its model and settings."""
+    def make(self, method: str, queries: Sequence[Tuple[str, str]],
+             needed: Optional[Sequence[int]] = None) -> Tuple[Method, dict]:
+        """The ranking function of ``method`` and a description of its model and settings.
+
+        ``needed``: the only passages that will be asked for (a sample's candidates); the
+        passage-level multi-vector method then encodes just those.
+        """
         if method == "bm25":
             def run(qid, text, cands):
                 ids = self.sentence_ids(cands)
@@ -88,20 +94,32 @@ class Harness:
         if method not in METHODS:
             raise SystemExit(f"error: unknown method {method!r}; choose one of {', '.join(METHODS)}")
         encoder = load_encoder(self.model)
+        if self.span_query_marker is not None:
+            encoder = encoder.with_settings(span_query_marker=self.span_query_marker)
         ranker = Ranker(encoder, alpha=self.alpha)
         info = {"model": encoder.source, "alpha": ranker.alpha, "doc_maxlen": encoder.settings.doc_maxlen,
                 "markers": encoder.settings.markers, "span_query_marker": encoder.settings.span_query_marker}
         if method == "colbert-zeroshot-psg":
-            cache = MultiVectorCache(encoder, self.texts, f"colbert-{self.name}", self.spans).ensure()
+            full = MultiVectorCache(encoder, self.texts, f"colbert-{self.name}", self.spans)
+            if needed is not None and not full.folder.exists():
+                subset = list(needed)
+                cache = MultiVectorCache(encoder, [self.texts[i] for i in subset], f"colbert-{self.name}-subset",
+                                         [self.spans[i] for i in subset]).ensure()
+                position = {p: k for k, p in enumerate(subset)}
+            else:
+                cache, position, subset = full.ensure(), None, None
+
+            def pool_index(passage_id: str) -> int:  # subset caches number their passages 0..n-1
+                return subset[int(passage_id)] if subset is not None else int(passage_id)
 
             def run(qid, text, cands):
-                corpus = cache.select(cands)
+                corpus = cache.select([position[int(c)] for c in cands] if position else cands)
                 qv, sv = ranker.encode_query(text, "sentence")
                 passages = rank_corpus(qv, None, corpus, "passage", alpha=ranker.alpha, top_k=None)
                 sents = rank_corpus(qv, sv, corpus, "sentence", alpha=ranker.alpha, top_k=None)
                 starts = {int(p): [s for s, _ in self.spans[int(p)]] for p in cands}
-                return [int(r.passage_id) for r in passages], \
-                       [int(self.sent_starts[int(r.passage_id)]) + starts[int(r.passage_id)].index(r.start)
+                return [pool_index(r.passage_id) for r in passages], \
+                       [int(self.sent_starts[pool_index(r.passage_id)]) + starts[pool_index(r.passage_id)].index(r.start)
                         for r in sents]
             return run, info
         cache = MultiVectorCache(encoder, self.sentences, "colbert-sentences").ensure()

@@ -208,3 +208,32 @@ def test_query_augmentation_setting(tiny_encoder):
     plain = tiny_encoder.with_settings(query_augmentation=False)
     assert plain.encode_query("coral reefs", "Q").vectors.shape[0] == 2 + 3  # [CLS] [Q] 2 tokens [SEP]
     assert tiny_encoder.encode_query("coral reefs", "Q").vectors.shape[0] == tiny_encoder.settings.query_maxlen
+
+
+def test_delta_roundtrip_and_fingerprint_check(tmp_path, make_tiny_encoder, tiny_model_dir):
+    """A model saved as a delta over a base rebuilds to the same fingerprint; tampering is refused."""
+    import json
+
+    from agrame.delta import export_delta, load_delta
+    from agrame.encoder import ModelError, load_encoder
+
+    base_dir = tiny_model_dir
+    trained = load_encoder(base_dir).with_settings(markers={"Q": "[unused0]", "Q'": "[unused2]", "D": "[unused1]"})
+    with torch.no_grad():
+        trained.backbone.encoder.layer[-1].output.dense.weight.add_(0.01)
+        trained.backbone.get_input_embeddings().weight[1].add_(0.5)  # the [Q] row
+    meta = export_delta(trained, tmp_path / "delta", base_path=base_dir)
+    assert meta["embedding_rows"] == [1]
+    assert "backbone.encoder.layer.1.output.dense.weight" in meta["tensors"]
+    assert not any("layer.0" in t for t in meta["tensors"])  # untouched tensors are not stored
+    rebuilt = load_delta(tmp_path / "delta", base_path=base_dir)
+    assert rebuilt.fingerprint() == meta["fingerprint"]
+    text = "Coral reefs bleach when the water warms."
+    a = trained.encode_passages([text])[0].vectors
+    b = rebuilt.encode_passages([text])[0].vectors
+    assert torch.allclose(a, b, atol=2e-2)  # float16 storage of the changed tensors
+    info = json.loads((tmp_path / "delta" / "delta.json").read_text())
+    info["fingerprint"] = "0" * 64
+    (tmp_path / "delta" / "delta.json").write_text(json.dumps(info))
+    with pytest.raises(ModelError, match="fingerprint"):
+        load_delta(tmp_path / "delta", base_path=base_dir)

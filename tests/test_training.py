@@ -96,3 +96,40 @@ def test_batches_replay_and_answer_sentences():
     assert all(len(idx) == 3 for _, idx in full)
     assert answer_sentences([(0, 10), (11, 20), (21, 30)], 12, 25) == [1, 2]
     assert answer_sentences([(0, 10), (11, 20)], 3, 5) == [0]
+
+
+@pytest.mark.parametrize("kind", ["one-pass", "marked", "passage"])
+def test_teachers_train_step_and_roundtrip(kind, tiny_model_dir, tmp_path):
+    from training.teachers import CrossEncoder
+
+    teacher = CrossEncoder(kind, str(tiny_model_dir), max_length=48)
+    batch = [record("why do reefs bleach", [0, 1, 2])]
+    batch[0]["passages"][0]["answer_sentences"] = [0]
+    for p in batch[0]["passages"][1:]:
+        p["answer_sentences"] = []
+    loss = teacher.loss(batch)
+    loss.backward()
+    assert torch.isfinite(loss) and loss > 0
+    teacher.save(tmp_path / kind)
+    again = CrossEncoder.load(tmp_path / kind)
+    with torch.no_grad():
+        if kind != "marked":
+            assert torch.allclose(teacher.eval().passage_logits("q", batch[0]["passages"])[0],
+                                  again.passage_logits("q", batch[0]["passages"])[0], atol=1e-5)
+        if kind != "passage":
+            s = again.sentence_logits("why", batch[0]["passages"][0])
+            assert s.shape == (len(batch[0]["passages"][0]["sentences"]),)
+
+
+def test_one_pass_markers_sit_before_each_sentence(tiny_model_dir):
+    from training.teachers import CrossEncoder
+
+    teacher = CrossEncoder("one-pass", str(tiny_model_dir), max_length=20)
+    text = "Reefs bleach in warm water. Polyps build reefs. Fish swim."
+    sentences = split_sentences(text)
+    ids, where = teacher._one_pass_ids("why", text, sentences)
+    assert len(ids) <= 20 and ids[-1] == teacher.tokenizer.sep_token_id
+    kept = [w for w in where if w >= 0]
+    assert all(ids[w] == teacher.marker_id for w in kept)
+    assert where[-1] == -1 or len(kept) == 3  # a sentence past max_length gets no marker
+    assert CrossEncoder.marked_text("ab cd ef", (3, 5)) == "ab $ cd $ ef"

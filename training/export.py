@@ -1,0 +1,31 @@
+"""Store a trained student as the package's default model (a delta over MiniLM).
+
+    python -m training.export --model runs/students/agrame/final --out agrame/models/default
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Optional, Sequence
+
+from agrame.delta import DELTA_FILE, export_delta
+from agrame.encoder import load_encoder
+
+LIMIT_MB = 16.0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="trained AGRaME checkpoint folder")
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "agrame" / "models" / "default"))
+    args = parser.parse_args(argv)
+    meta = export_delta(load_encoder(args.model), args.out)
+    size = (Path(args.out) / DELTA_FILE).stat().st_size / 2**20
+    if size > LIMIT_MB:
+        raise SystemExit(f"error: the delta is {size:.1f} MB, above the {LIMIT_MB} MB the repository allows")
+    print(f"wrote {args.out}: {len(meta['tensors'])} tensors, {size:.1f} MB, fingerprint {meta['fingerprint'][:12]}")
+
+
+if __name__ == "__main__":
+    main()
