@@ -8,7 +8,7 @@ R=${AGRAME_RUNS:-runs}
 mkdir -p "$R/train"
 [ -s "$R/train/squad-train.jsonl" ] || python -m training.data --out "$R/train/squad-train.jsonl" --questions 4000 --negatives 3
 [ -e "$R/teachers/one-pass/final/teacher.json" ] || python -m training.teachers train --kind one-pass \
-    --data "$R/train/squad-train.jsonl" --out "$R/teachers/one-pass" --steps 400 --batch-size 4
+    --data "$R/train/squad-train.jsonl" --out "$R/teachers/one-pass" --steps 400 --batch-size 4 --lr 1e-4
 [ -s "$R/train/distill.jsonl" ] || python -m training.teachers score --model "$R/teachers/one-pass/final" \
     --data "$R/train/squad-train.jsonl" --out "$R/train/distill.jsonl" --limit ${DISTILL_QUESTIONS:-2400}
 [ -e "$R/students/agrame/final/agrame.json" ] || python -m training.student --data "$R/train/distill.jsonl" \

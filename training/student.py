@@ -214,6 +214,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--minutes", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.sentence_weight == 0:
+        # The ColBERT baseline has one query encoding; it ranks sentences with [Q] too.
+        args.sentence_marker = "Q"
     torch.manual_seed(args.seed)
     examples = read(args.data)
     encoder = student_encoder(args.dim, args.query_augmentation, args.doc_maxlen)
