@@ -257,6 +257,21 @@ def render_citation(results: List[dict]) -> str:
     return "\n".join(out)
 
 
+def render_teachers(results: List[dict]) -> str:
+    out = ["## Teachers vs the zero-shot student (SQuAD dev)", "",
+           "Passage P@1 among the BM25 top-10 pool candidates (gold forced in when BM25 missed "
+           "it) and sentence P@1 within the gold paragraph. A teacher is used for distillation "
+           "only if it clearly beats the student it would teach.", "",
+           "| model | kind | questions | passage P@1 | sentence P@1 (gold paragraph) | ms/q passages | ms/q sentences |",
+           "|---|---|---:|---:|---:|---:|---:|"]
+    for r in sorted(results, key=lambda r: r["kind"]):
+        out.append(f"| `{r['model']}` | {r['kind']} | {r['questions']} | {_fmt(r.get('passage_p1'))} "
+                   f"| {_fmt(r.get('sentence_p1_gold_paragraph'))} | {r.get('ms_per_query_passages', '–')} "
+                   f"| {r.get('ms_per_query_sentences', '–')} |")
+    out += ["", "\n".join(f"- `{r['command']}`, {r['date']}" for r in results)]
+    return "\n".join(out)
+
+
 def render_citation_latency(results: List[dict]) -> str:
     out = ["## Citation latency (CPU)", "",
            "Milliseconds per answer sentence with the K passages already encoded: proposition "
@@ -313,6 +328,7 @@ RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     "segmentation": render_segmentation,
     "citation": render_citation,
     "citation-latency": render_citation_latency,
+    "teachers": render_teachers,
 }
 
 

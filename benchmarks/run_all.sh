@@ -23,5 +23,11 @@ for d in nq-open entityquestions; do
     run python -m benchmarks.open_domain --dataset "$d" --method "$m" --limit 1000 --seed 0
   done
 done
+run python -m benchmarks.segmentation --split test
+run python -m benchmarks.segmentation --split dev
+run python -m benchmarks.citation --dataset expertqa --split rand_val   # chooses margin and λ
+run python -m benchmarks.citation --dataset expertqa --split domain_val
+run python -m benchmarks.citation --dataset wice
 run python -m benchmarks.speed
+run python -m benchmarks.citation --dataset latency                     # timing: run alone
 run python -m benchmarks.report

@@ -276,7 +276,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     e.add_argument("--limit", type=int, default=300)
     e.add_argument("--depth", type=int, default=10)
     e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--out", default=None, help="result JSON (default: <model>/eval.json)")
+    e.add_argument("--out", default=None, help="result JSON (default: benchmarks/results/teachers-<name>.json)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     if args.command == "train":
@@ -326,14 +326,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
         print(f"wrote {write_jsonl(scored(), args.out)} records to {args.out}")
         return
+    from benchmarks.common import command_line, write_result
+
     model = None if args.student else CrossEncoder.load(args.model)
-    result = {"model": args.student_model or "default" if args.student else args.model,
+    name = "student" if args.student else Path(args.model).parent.name if Path(args.model).name == "final" \
+        else Path(args.model).name
+    result = {"benchmark": "teachers", "dataset": "squad-dev",
+              "model": (args.student_model or "default") if args.student else args.model,
+              "kind": "multi-vector student" if args.student else model.kind,
+              "sample": {"questions": args.limit, "seed": args.seed, "depth": args.depth},
               **evaluate(model, args.limit, args.seed, args.depth, args.student_model)}
-    out = Path(args.out) if args.out else (Path(args.model) / "eval.json" if args.model else None)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
+    path = write_result(f"teachers-{name}", result, args.out, command_line("training.teachers", argv))
+    print(json.dumps(result), f"→ {path}")
 
 
 if __name__ == "__main__":
