@@ -110,3 +110,18 @@ def test_one_passage_is_always_cited(citer):
     result = citer.cite_sentence("reefs", citer.encode(PASSAGES[:1]))
     assert result.citations == (0,)
     assert result.propositions[0].runner_up == float("-inf")
+
+
+def test_lexical_prior_is_max_normalised_bm25(citer):
+    from agrame.lexical import LexicalCollection, simple_tokenize
+
+    assert simple_tokenize("The reefs are bleaching") == ["reef", "bleach"]  # stopwords out, Porter stems
+    corpus = citer.encode(PASSAGES)
+    prior = citer.lexical_prior("bleach whitens laundry", corpus)
+    raw = LexicalCollection([simple_tokenize(t) for _, t in PASSAGES]).scores(simple_tokenize("bleach whitens laundry"))
+    assert prior.tolist() == pytest.approx([r / max(raw) for r in raw])
+    assert int(prior.argmax()) == 1 and float(prior.max()) == 1.0
+    assert citer.lexical_prior("zzz", corpus).tolist() == [0.0, 0.0, 0.0]
+    citer.lexical_weight = 100.0  # the prior dominates: every proposition cites the lexical best
+    result = citer.cite_sentence("bleach whitens laundry", corpus)
+    assert result.citations == (1,)
