@@ -49,7 +49,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from .data import read
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True)
+    parser.add_argument("--model", default=None, help="model folder (default: the package default)")
     parser.add_argument("--data", required=True)
     parser.add_argument("--skip", type=int, default=2400, help="records used for training (skipped)")
     parser.add_argument("--limit", type=int, default=500)
@@ -64,6 +64,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     result = {"questions": len(records), "skip": args.skip, "sentence_p1_by_alpha": table, "best_alpha": best}
     print(json.dumps(result))
     if args.write:
+        if args.model is None:
+            raise SystemExit("error: --write needs --model (the package default is not rewritten)")
         path = Path(args.model) / SETTINGS_FILE
         meta = json.loads(path.read_text())
         meta["alpha"] = best
