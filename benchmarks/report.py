@@ -21,9 +21,10 @@ hand: re-run the benchmark command, then the report. `benchmarks/run_all.sh` rer
 everything (about 2 hours on 2 CPU cores; encodings are cached under `cache/` and a
 rerun resumes). Data: `$AGRAME_DATA` (default `../shared/data`).
 
-All multi-vector rows here are **zero-shot** (the all-MiniLM-L6-v2 weights, no
-projection, no query markers: see the marker section); trained AGRaME models will be
-added by `--model PATH`. The `ms/q` columns of quality tables are wall-clock per question
+Multi-vector rows are **zero-shot** (the all-MiniLM-L6-v2 weights, no projection, no
+query markers: see the marker section) unless tagged: a `[tag]` names a trained model run
+with `--model PATH --tag NAME`, and `(bm25 top-20)` marks the quick protocol (500
+questions, BM25 top-20), run for every method it is compared with. The `ms/q` columns of quality tables are wall-clock per question
 as the run went, often beside other jobs: they are not speed measurements. The Speed
 section is, with its ratios measured in one run.
 """
@@ -131,7 +132,7 @@ def render_open_domain(results: List[dict]) -> str:
         rows = sorted(by_dataset[dataset], key=_method_key)
         answer_match = any("metrics_answerable" in r for r in rows)
         out += [f"### {dataset}", ""]
-        head = "| method | questions | psg P@1 | psg R@5 | sent P@1 | sent R@5 | BM25 R@100 |"
+        head = "| method | questions | psg P@1 | psg R@5 | sent P@1 | sent R@5 | BM25 R@k (k = first stage) |"
         sep = "|---|---|---:|---:|---:|---:|---:|"
         if answer_match:
             head += " answerable | psg P@1 (ans.) | sent P@1 (ans.) | sent R@5 (ans.) |"
