@@ -28,6 +28,14 @@ run python -m benchmarks.segmentation --split dev
 run python -m benchmarks.citation --dataset expertqa --split rand_val   # chooses margin and λ
 run python -m benchmarks.citation --dataset expertqa --split domain_val
 run python -m benchmarks.citation --dataset wice
+# The quick protocol (500 questions, BM25 top-20) that trained models are compared on;
+# trained-model rows and the Teachers table come from training/reproduce.sh's folders.
+for d in squad-dev nq-oracle; do
+  run python -m benchmarks.open_domain --dataset "$d" --method bm25 --limit 500 --depth 20 --tag s500
+  for m in colbert-zeroshot-psg colbert-zeroshot-sent; do
+    run python -m benchmarks.open_domain --dataset "$d" --method "$m" --limit 500 --depth 20 --tag zeroshot
+  done
+done
 run python -m benchmarks.speed
 run python -m benchmarks.citation --dataset latency                     # timing: run alone
 run python -m benchmarks.report
