@@ -41,11 +41,6 @@ def _open_binary(path: str) -> IO[bytes]:
     return p.open("rb")
 
 
-def read_text(path: str) -> str:
-    """A whole UTF-8 text file (or ``-`` for stdin), with errors that name the file and line."""
-    return "\n".join(line for _, line in read_lines(path))
-
-
 def read_lines(path: str) -> Iterator[Tuple[int, str]]:
     """``(line number, text)`` of each line, decoded strictly as UTF-8 (BOM tolerated)."""
     stream = _open_binary(path)

@@ -15,7 +15,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from agrame.lexical import B, K1, LexicalCollection, bm25_scores  # noqa: F401 (one BM25 formula)
+from agrame.lexical import B, K1, bm25_scores  # noqa: F401 (one BM25 formula, re-exported)
 
 
 def _stemmer():

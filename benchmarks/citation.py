@@ -39,9 +39,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from agrame.lexical import LexicalCollection
 from propcite.citer import Citer
 
-from .bm25 import LexicalCollection, tokenize
+from .bm25 import tokenize
 from .common import RESULTS, command_line, data_dir, sample, write_result
 from .encodings import SingleVectorEncoder
 from .metrics import citation_scores

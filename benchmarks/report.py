@@ -38,6 +38,11 @@ def _provenance(results: List[dict]) -> str:
     return "\n".join(lines)
 
 
+def _commands(results: List[dict]) -> str:
+    """Provenance for results without a model or sample of the usual shape."""
+    return "\n".join(f"- `{r['command']}`, {r['date']}" for r in results)
+
+
 def render_marker_choice(results: List[dict]) -> str:
     out = ["## Zero-shot query markers (SQuAD train sample)", "",
            "Sentence P@1 (%) by the markers of the passage query (for S(q,p)) and the sub-unit "
@@ -208,7 +213,7 @@ def render_segmentation(results: List[dict]) -> str:
             out.append(f"| {row['method']} | {row['per_sentence']} | {a['precision']} | {a['recall']} | {a['f1']} "
                        f"| {b['precision']} | {b['recall']} | {b['f1']} | {row['ms_per_sentence']} |")
         out.append("")
-    out.append("\n".join(f"- `{r['command']}`, {r['date']}" for r in results))
+    out.append(_commands(results))
     return "\n".join(out)
 
 
@@ -272,7 +277,7 @@ def render_teachers(results: List[dict]) -> str:
         out.append(f"| `{r['model']}` | {r['kind']} | {r['questions']} | {_fmt(r.get('passage_p1'))} "
                    f"| {_fmt(r.get('sentence_p1_gold_paragraph'))} | {r.get('ms_per_query_passages', '–')} "
                    f"| {r.get('ms_per_query_sentences', '–')} |")
-    out += ["", "\n".join(f"- `{r['command']}`, {r['date']}" for r in results)]
+    out += ["", _commands(results)]
     return "\n".join(out)
 
 

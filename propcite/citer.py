@@ -157,8 +157,7 @@ class Citer:
             means = means + self.lexical_weight * self.lexical_prior(sentence, corpus).unsqueeze(0)
         top = min(2, len(corpus))
         # Stable sort: ties go to the lower passage index, so results are deterministic.
-        order = torch.sort(means, dim=1, descending=True, stable=True)
-        best = _Top(order.values[:, :top], order.indices[:, :top])
+        best = torch.sort(means, dim=1, descending=True, stable=True)  # columns 0 and 1 are used
         out_props = []
         for i, piece in enumerate(props):
             p = int(best.indices[i, 0])
@@ -233,11 +232,6 @@ class Citer:
                           for pc in one.propositions)
             cited.append(one._replace(start=start, end=end, propositions=props))
         return CitedAnswer(insert_markers(answer, cited), tuple(cited))
-
-
-class _Top(NamedTuple):
-    values: torch.Tensor
-    indices: torch.Tensor
 
 
 _CLOSING = re.compile(r"[.!?;:]+[\"'”’)\]]*$")

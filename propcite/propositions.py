@@ -24,7 +24,7 @@ import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
+from typing import FrozenSet, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
