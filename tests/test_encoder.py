@@ -220,18 +220,23 @@ def test_delta_roundtrip_and_fingerprint_check(tmp_path, make_tiny_encoder, tiny
     base_dir = tiny_model_dir
     trained = load_encoder(base_dir).with_settings(markers={"Q": "[unused0]", "Q'": "[unused2]", "D": "[unused1]"})
     with torch.no_grad():
-        trained.backbone.encoder.layer[-1].output.dense.weight.add_(0.01)
+        weight = trained.backbone.encoder.layer[-1].output.dense.weight
+        weight.add_(0.01 * torch.linspace(-1, 1, weight.numel()).reshape(weight.shape))
         trained.backbone.get_input_embeddings().weight[1].add_(0.5)  # the [Q] row
     meta = export_delta(trained, tmp_path / "delta", base_path=base_dir)
     assert meta["embedding_rows"] == [1]
-    assert "backbone.encoder.layer.1.output.dense.weight" in meta["tensors"]
+    assert "int8.encoder.layer.1.output.dense.weight" in meta["tensors"]  # a matrix: its difference, int8
+    assert "backbone.encoder.layer.1.output.dense.bias" not in meta["tensors"]  # unchanged vector
     assert not any("layer.0" in t for t in meta["tensors"])  # untouched tensors are not stored
     rebuilt = load_delta(tmp_path / "delta", base_path=base_dir)
     assert rebuilt.fingerprint() == meta["fingerprint"]
     text = "Coral reefs bleach when the water warms."
     a = trained.encode_passages([text])[0].vectors
     b = rebuilt.encode_passages([text])[0].vectors
-    assert torch.allclose(a, b, atol=2e-2)  # float16 storage of the changed tensors
+    assert torch.allclose(a, b, atol=2e-2)  # float16 / int8 storage of the changes
+    changed = trained.backbone.encoder.layer[-1].output.dense.weight
+    restored = rebuilt.backbone.encoder.layer[-1].output.dense.weight
+    assert (changed - restored).abs().max() <= 0.01 / 254 + 1e-6  # int8 error bound: max|Δ| / 254
     info = json.loads((tmp_path / "delta" / "delta.json").read_text())
     info["fingerprint"] = "0" * 64
     (tmp_path / "delta" / "delta.json").write_text(json.dumps(info))
