@@ -36,7 +36,7 @@ from agrame.scoring import similarity, span_maxsim
 from agrame.spans import span_token_mask
 
 from .bm25 import PoolBM25
-from .common import add_model_args, command_line, sample, write_result
+from .common import add_model_args, command_line, sample, tagged, write_result
 from .metrics import precision_at_1, recall_at_k, summarize
 from .propsegment import JACCARD_MIN, AtomicData, Query, jaccard, load_atomic
 from .rerank import stable_order
@@ -85,8 +85,11 @@ def score_single_vector(data: AtomicData, queries: Sequence[Query], baseline: Op
     return qs @ cands.T
 
 
-def score_colbert_psg(data: AtomicData, queries: Sequence[Query], model: Optional[str], alpha: float) -> np.ndarray:
+def score_colbert_psg(data: AtomicData, queries: Sequence[Query], model: Optional[str], alpha: float,
+                      span_query_marker: Optional[str] = None) -> np.ndarray:
     encoder = load_encoder(model)
+    if span_query_marker is not None:
+        encoder = encoder.with_settings(span_query_marker=span_query_marker)
     ranker = Ranker(encoder)
     groups = data.by_sentence()
     corpus = ranker.encode([Passage(str(i), data.sentences[k].text) for i, k in enumerate(groups)])
@@ -237,8 +240,10 @@ def main(argv=None) -> None:
         scores = score_single_vector(data, queries, args.baseline_model)
         info["model"] = f"{args.baseline_model or 'all-MiniLM-L6-v2'} mean pooling, proposition text alone"
     elif args.method == "colbert-zeroshot-psg":
-        scores = score_colbert_psg(data, queries, args.model, args.alpha)
-        info.update(model=load_encoder(args.model).source, alpha=args.alpha)
+        scores = score_colbert_psg(data, queries, args.model, args.alpha, args.span_query_marker)
+        encoder = load_encoder(args.model)
+        info.update(model=encoder.source, fingerprint=encoder.fingerprint()[:12], alpha=args.alpha,
+                    span_query_marker=args.span_query_marker or encoder.settings.span_query_marker)
     elif args.method == "colbert-zeroshot-sent":
         scores = score_colbert_sent(data, queries, args.model)
         info["model"] = load_encoder(args.model).source
@@ -258,8 +263,9 @@ def main(argv=None) -> None:
         "sample": {"questions": len(queries), "of": len(data.queries), "seed": args.seed if args.limit else None,
                    "candidates": len(data.candidates), "queries_without_gold": sum(not q.gold for q in queries)},
         "metrics": summarize(per_query), "ms_per_question": round(1000 * seconds / max(1, len(queries)), 1),
+        "tag": args.tag,
     }
-    path = write_result(f"atomic_facts-{args.method}", result, args.out, command_line("benchmarks.atomic_facts", argv))
+    path = write_result(tagged(f"atomic_facts-{args.method}", args.tag), result, args.out, command_line("benchmarks.atomic_facts", argv))
     print(f"atomic facts {args.method}: {result['metrics']} → {path}")
 
 

@@ -62,11 +62,20 @@ def add_model_args(parser, alpha_help: str = "α in S'(q,s) + α·S(q,p) (defaul
     """Options every ranking benchmark shares: sample, models, output file."""
     parser.add_argument("--limit", type=int, default=None, help="questions sampled (fixed seed); default all")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model", default=None, help="multi-vector model folder (default: built-in)")
+    parser.add_argument("--model", default=None, help="multi-vector model folder or zero-shot (default: the shipped AGRaME model)")
     parser.add_argument("--alpha", type=float, default=alpha_default, help=alpha_help)
     parser.add_argument("--baseline-model", default=None,
                         help="Hugging Face folder for the single-vector/SubEncoder baselines (default: MiniLM)")
+    parser.add_argument("--span-query-marker", choices=("Q", "Q'"), default=None,
+                        help="marker of the sub-unit query, overriding the model's (ablation A2)")
+    parser.add_argument("--tag", default=None,
+                        help="label of this run (e.g. a trained model's name): kept in the result and its file name")
     parser.add_argument("--out", default=None, help="result file (default: benchmarks/results/<name>.json)")
+
+
+def tagged(name: str, tag: Optional[str]) -> str:
+    """A result file's name: the benchmark's, then the run's tag."""
+    return f"{name}-{tag}" if tag else name
 
 
 def command_line(module: str, argv: Optional[Sequence[str]]) -> str:

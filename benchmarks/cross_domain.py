@@ -22,7 +22,7 @@ from typing import Dict, List, Tuple
 
 from tqdm.auto import tqdm
 
-from .common import add_model_args, command_line, data_dir, sample, write_result
+from .common import add_model_args, command_line, data_dir, sample, tagged, write_result
 from .metrics import precision_at_1, recall_at_k, summarize
 from .rerank import METHODS, Harness
 
@@ -80,7 +80,7 @@ def main(argv=None) -> None:
                       set(random.Random(args.seed).sample(range(len(doc_ids)), args.corpus_limit)))
         doc_ids, texts, spans, index_maps = ([x[i] for i in keep] for x in (doc_ids, texts, spans, index_maps))
     position = {d: i for i, d in enumerate(doc_ids)}
-    harness = Harness("scifact", texts, spans, args.model, args.alpha, args.baseline_model)
+    harness = Harness("scifact", texts, spans, args.model, args.alpha, args.baseline_model, args.span_query_marker)
     queries = [(str(c["id"]), c["claim"]) for c in claims]
     docs, _ = harness.bm25.retrieve([t for _, t in queries], min(FIRST_STAGE_K, len(texts)))
     method, info = harness.make(args.method, queries)
@@ -105,10 +105,10 @@ def main(argv=None) -> None:
     result = {
         "benchmark": "cross_domain", "dataset": f"scifact-{args.split}", "method": args.method, **info,
         "sample": {"questions": len(claims), "of": len(all_claims), "seed": args.seed if args.limit else None},
-        "first_stage": f"bm25 top-{FIRST_STAGE_K}", "corpus_passages": len(texts),
+        "first_stage": f"bm25 top-{FIRST_STAGE_K}", "corpus_passages": len(texts), "tag": args.tag,
         "metrics": summarize(per_claim), "ms_per_question": round(1000 * seconds / max(1, len(claims)), 1),
     }
-    path = write_result(f"cross_domain-scifact-{args.split}-{args.method}", result, args.out,
+    path = write_result(tagged(f"cross_domain-scifact-{args.split}-{args.method}", args.tag), result, args.out,
                         command_line("benchmarks.cross_domain", argv))
     print(f"scifact-{args.split} {args.method}: {result['metrics']} → {path}")
 

@@ -21,7 +21,7 @@ from typing import Dict, List
 
 from tqdm.auto import tqdm
 
-from .common import add_model_args, command_line, sample, sentence_of, write_result
+from .common import add_model_args, command_line, sample, sentence_of, tagged, write_result
 from .data import OPEN_DOMAIN_DATASETS, PoolMatcher, Question, load_pool, load_questions, restrict_pool
 from .encodings import pool_sentences
 from .metrics import has_answer, precision_at_1, recall_at_k, summarize
@@ -62,10 +62,6 @@ def main(argv=None) -> None:
     add_model_args(parser)
     parser.add_argument("--depth", type=int, default=FIRST_STAGE_K,
                         help=f"BM25 candidates re-ranked per question (default {FIRST_STAGE_K})")
-    parser.add_argument("--tag", default=None,
-                        help="label of this run (e.g. a trained model's name): kept in the result and its file name")
-    parser.add_argument("--span-query-marker", choices=("Q", "Q'"), default=None,
-                        help="marker of the sentence query, overriding the model's (ablation A2)")
     parser.add_argument("--pool-limit", type=int, default=None,
                         help="smoke tests only: gold passages plus this many others (not comparable)")
     args = parser.parse_args(argv)
@@ -107,8 +103,7 @@ def main(argv=None) -> None:
         subset = [m for q, m in zip(questions, per_question) if answerable[q.qid]]
         result["answerable_share"] = round(100 * len(subset) / len(questions), 1)
         result["metrics_answerable"] = summarize(subset)
-    suffix = f"-{args.tag}" if args.tag else ""
-    path = write_result(f"open_domain-{args.dataset}-{args.method}{suffix}", result, args.out,
+    path = write_result(tagged(f"open_domain-{args.dataset}-{args.method}", args.tag), result, args.out,
                         command_line("benchmarks.open_domain", argv))
     print(f"{args.dataset} {args.method}: {metrics} → {path}")
 

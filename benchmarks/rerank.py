@@ -97,7 +97,8 @@ class Harness:
         if self.span_query_marker is not None:
             encoder = encoder.with_settings(span_query_marker=self.span_query_marker)
         ranker = Ranker(encoder, alpha=self.alpha)
-        info = {"model": encoder.source, "alpha": ranker.alpha, "doc_maxlen": encoder.settings.doc_maxlen,
+        info = {"model": encoder.source, "fingerprint": encoder.fingerprint()[:12], "alpha": ranker.alpha,
+                "doc_maxlen": encoder.settings.doc_maxlen,
                 "markers": encoder.settings.markers, "span_query_marker": encoder.settings.span_query_marker}
         if method == "colbert-zeroshot-psg":
             full = MultiVectorCache(encoder, self.texts, f"colbert-{self.name}", self.spans)

@@ -115,3 +115,17 @@ def test_citation_smoke(tmp_path, tiny_model_dir, monkeypatch):
     result = json.loads(wice.read_text())
     assert result["methods"]["propositions"]["partial_tokens"]["claims"] == 2
     assert result["partial_support"]["propositions"] >= 2
+
+
+def test_tag_and_span_query_marker_reach_every_ranking_benchmark(tmp_path, tiny_model_dir):
+    """Ablation A2 (rank with [Q]) and a run's tag through the shared options."""
+    from benchmarks import atomic_facts, cross_domain
+
+    common = ["--limit", "2", "--model", str(tiny_model_dir), "--span-query-marker", "Q", "--tag", "A2"]
+    cross_domain.main(["--method", "colbert-zeroshot-psg", "--corpus-limit", "20", *common,
+                       "--out", str(tmp_path / "x.json")])
+    atomic_facts.main(["--method", "colbert-zeroshot-psg", *common, "--out", str(tmp_path / "a.json")])
+    for name in ("x.json", "a.json"):
+        result = json.loads((tmp_path / name).read_text())
+        assert result["tag"] == "A2" and result["span_query_marker"] == "Q"
+        assert len(result["fingerprint"]) == 12
