@@ -1,0 +1,33 @@
+"""The trained-model table of benchmarks/README.md, from tiny inline results."""
+
+from __future__ import annotations
+
+from benchmarks.report import render_trained
+
+
+def _open(method: str, tag, psg: float, sent: float, first_stage: str = "bm25 top-20") -> dict:
+    return {"benchmark": "open_domain", "dataset": "squad-dev", "method": method, "tag": tag,
+            "first_stage": first_stage, "metrics": {"psg_p1": psg, "sent_p1": sent},
+            "command": f"python -m benchmarks.open_domain --method {method}", "date": "2026-11-22"}
+
+
+def test_trained_table_rows_and_targets():
+    grouped = {"open_domain": [
+        _open("colbert-zeroshot-psg", "zeroshot", 77.0, 60.0),
+        _open("colbert-zeroshot-sent", "zeroshot", 76.0, 58.0),
+        _open("colbert-zeroshot-sent", None, 10.0, 99.0, first_stage="bm25 top-100"),  # another protocol
+        _open("single-vector", "s500", 70.0, 57.0),
+        _open("colbert-zeroshot-psg", "colbert", 78.0, 55.0),
+        _open("colbert-zeroshot-psg", "agrame-A1", 77.5, 69.0),
+    ]}
+    text = render_trained(grouped)
+    assert "| **AGRaME A1** (shipped): train and rank [Q'] | 77.5 / 69.0 | – |" in text
+    assert "| zero-shot MiniLM, sentences encoded alone | 76.0 / 58.0 |" in text
+    assert "AGRaME A3" not in text  # rows without any result are left out
+    # +9.0 over zero-shot, +11.0 over the best sentence-encoded (58.0), −0.5 passage P@1 against ColBERT
+    assert "| squad-dev | +9.0 (met) | +11.0 (met) | -0.5 (met) |" in text
+    assert "| nq-oracle | – | – | – |" in text
+
+
+def test_trained_table_needs_a_trained_model():
+    assert render_trained({"open_domain": [_open("colbert-zeroshot-psg", "zeroshot", 77.0, 60.0)]}) is None
