@@ -52,7 +52,7 @@ def main(argv=None) -> None:
     parser.add_argument("--per-article", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--alpha", type=float, default=0.5)
-    parser.add_argument("--model", default=None)
+    parser.add_argument("--model", default="zero-shot", help="model whose markers are chosen (default: zero-shot MiniLM)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 

@@ -1,7 +1,7 @@
 """Choose α of Score(q,s) = S'(q,s) + α·S(q,p) on held-out SQuAD *train* questions.
 
     python -m training.choose_alpha --model runs/students/agrame/final --data runs/train/squad-train.jsonl \\
-        --skip 2400 --limit 500 --write
+        --skip 3500 --limit 300 --write
 
 Each question ranks every sentence of its k+1 passages (gold paragraph + BM25 hard
 negatives); sentence P@1 is computed for each α of the grid. The questions after the
@@ -51,7 +51,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="model folder (default: the package default)")
     parser.add_argument("--data", required=True)
-    parser.add_argument("--skip", type=int, default=2400, help="records used for training (skipped)")
+    parser.add_argument("--skip", type=int, default=3500, help="records the labels (so the student) were made from: skipped")
     parser.add_argument("--limit", type=int, default=500)
     parser.add_argument("--write", action="store_true", help="store the best α in the model's agrame.json")
     args = parser.parse_args(argv)

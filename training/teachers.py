@@ -329,8 +329,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from benchmarks.common import command_line, write_result
 
     model = None if args.student else CrossEncoder.load(args.model)
-    name = "student" if args.student else Path(args.model).parent.name if Path(args.model).name == "final" \
-        else Path(args.model).name
+    def folder_name(path: str) -> str:
+        return Path(path).parent.name if Path(path).name == "final" else Path(path).name
+
+    if args.student:
+        name = "student" + (f"-{folder_name(args.student_model)}" if args.student_model else "")
+    else:
+        name = folder_name(args.model)
     result = {"benchmark": "teachers", "dataset": "squad-dev",
               "model": (args.student_model or "default") if args.student else args.model,
               "kind": "multi-vector student" if args.student else model.kind,
