@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from agrame.encoder import DEFAULT_MARKERS, Encoder, EncoderSettings, load_encoder
+from agrame.encoder import DEFAULT_MARKERS, ZERO_SHOT, Encoder, EncoderSettings, load_encoder
 from agrame.spans import token_segments
 
 from .losses import MultiGranularKLLoss
@@ -32,7 +32,7 @@ from .losses import MultiGranularKLLoss
 
 def student_encoder(dim: Optional[int], query_augmentation: bool, doc_maxlen: int) -> Encoder:
     """MiniLM with AGRaME markers and (optionally) a new projection, before training."""
-    base = load_encoder(None)
+    base = load_encoder(ZERO_SHOT)  # never the shipped default: training starts from MiniLM
     settings = EncoderSettings(dim=dim, doc_maxlen=doc_maxlen, markers=dict(DEFAULT_MARKERS),
                                span_query_marker="Q'", query_augmentation=query_augmentation)
     projection = nn.Linear(base.dim, dim, bias=False) if dim else None
