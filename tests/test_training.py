@@ -133,3 +133,22 @@ def test_one_pass_markers_sit_before_each_sentence(tiny_model_dir):
     assert all(ids[w] == teacher.marker_id for w in kept)
     assert where[-1] == -1 or len(kept) == 3  # a sentence past max_length gets no marker
     assert CrossEncoder.marked_text("ab cd ef", (3, 5)) == "ab $ cd $ ef"
+
+
+@pytest.mark.parametrize("kind", ["marked", "one-pass"])
+def test_listwise_sentence_term_is_the_answer_cross_entropy(kind, tiny_model_dir):
+    from training.teachers import CrossEncoder
+
+    teacher = CrossEncoder(kind, str(tiny_model_dir), max_length=48).eval()
+    batch = [record("why do reefs bleach", [0, 1, 2])]
+    batch[0]["passages"][0]["answer_sentences"] = [1]
+    for p in batch[0]["passages"][1:]:
+        p["answer_sentences"] = []
+    with torch.no_grad():
+        plain = teacher.loss(batch)
+        teacher.listwise_sentences = True
+        both = teacher.loss(batch)
+        logits = teacher.sentence_logits("why do reefs bleach", batch[0]["passages"][0])
+    assert len(logits) > 1
+    expected = -torch.log_softmax(logits, dim=0)[1]  # one answer: plain cross-entropy
+    assert torch.allclose(both - plain, expected, atol=1e-5)

@@ -133,7 +133,8 @@ class CrossEncoder(nn.Module):
                 positive = passages[0]
                 labels = torch.zeros(len(positive["sentences"]))
                 labels[positive["answer_sentences"]] = 1.0
-                total = total + bce(self.sentence_logits(record["question"], positive), labels)
+                logits = self.sentence_logits(record["question"], positive)
+                total = total + bce(logits, labels) + self._listwise(logits, positive["answer_sentences"])
                 continue
             scores, sentence = self.passage_logits(record["question"], passages)
             total = total + nn.functional.cross_entropy(scores.unsqueeze(0), torch.zeros(1, dtype=torch.long))
@@ -143,11 +144,14 @@ class CrossEncoder(nn.Module):
                 labels[passages[0]["answer_sentences"]] = 1.0  # the positive passage comes first
                 # An answer sentence cut off by max_length has a constant −1e4 logit: it adds a
                 # large constant to the logged loss (rare spikes in train.log) but no gradient.
-                total = total + bce(logits, labels)
-                if self.listwise_sentences and passages[0]["answer_sentences"]:
-                    log_p = torch.log_softmax(sentence[0], dim=0)
-                    total = total - torch.logsumexp(log_p[passages[0]["answer_sentences"]], dim=0)
+                total = total + bce(logits, labels) + self._listwise(sentence[0], passages[0]["answer_sentences"])
         return total / len(batch)
+
+    def _listwise(self, logits: torch.Tensor, answers: Sequence[int]) -> torch.Tensor:
+        """−log Σ_{a ∈ answers} softmax(logits)_a over one paragraph's sentences (0 when off or no answer)."""
+        if not self.listwise_sentences or not answers:
+            return torch.zeros(())
+        return -torch.logsumexp(torch.log_softmax(logits, dim=0)[list(answers)], dim=0)
 
     # -- files ---------------------------------------------------------------------
     def save(self, folder: str | Path) -> None:
@@ -256,7 +260,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--init", default=None, help="continue from this teacher folder (e.g. a second stage)")
     t.add_argument("--listwise-sentences", action="store_true",
-                   help="one-pass: add a softmax cross-entropy over the gold paragraph's sentences")
+                   help="add a softmax cross-entropy over the gold paragraph's sentences (one-pass and marked)")
     sc = sub.add_parser("score", help="teacher scores for every passage and sentence of a training file")
     sc.add_argument("--model", required=True, help="teacher folder (one-pass: passages and sentences together)")
     sc.add_argument("--sentence-model", default=None, help="another teacher for sentences (e.g. a marked CE')")
