@@ -336,6 +336,7 @@ TRAINED_ROWS = [  # (method, tag or None for any, row name)
     ("colbert-zeroshot-psg", "zeroshot", "zero-shot MiniLM, passage-level encoding"),
     ("colbert-zeroshot-psg", "colbert", "passage loss only (ColBERT), [Q]"),
     ("colbert-zeroshot-psg", "agrame-A1", "**AGRaME A1** (shipped): train and rank [Q']"),
+    ("colbert-zeroshot-psg", "agrame-A1-sigmoid", "AGRaME A1 with σ passage weights (shipped: softmax)"),
     ("colbert-zeroshot-psg", "agrame-A2", "AGRaME A2: train [Q'], rank [Q]"),
     ("colbert-zeroshot-psg", "agrame-A3", "AGRaME A3: [Q] throughout"),
 ]
