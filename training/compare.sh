@@ -6,6 +6,8 @@
 #   agrame-A1   passage + sentence loss, sentence queries with [Q'] (the shipped default)
 #   agrame-A2   the A1 weights ranking sentences with [Q]
 #   agrame-A3   passage + sentence loss with [Q] throughout
+#   agrame-A1-sigmoid  A1 with σ(teacher score) passage weights instead of softmax
+#               (squad-dev and nq-oracle only: the weighting choice, not a shipped model)
 # Protocol: open-domain datasets on 500 questions (seed 0) re-ranking BM25's top 20;
 # SciFact dev (all 188 claims, BM25 top 100) and the atomic facts (all 349 queries) whole.
 # α of each trained model is chosen on held-out SQuAD *train* questions (records after the
@@ -20,7 +22,8 @@ S="$R/students"
 recipe=(--data "$R/train/labels.jsonl" --layers 6 --dim 128 --steps 120 --batch-size 8 --lr 1e-4 --seed 0)
 [ -e "$S/colbert/final/agrame.json" ] || python -m training.student "${recipe[@]}" --out "$S/colbert" --sentence-weight 0
 [ -e "$S/agrame-A3/final/agrame.json" ] || python -m training.student "${recipe[@]}" --out "$S/agrame-A3" --sentence-marker Q
-for m in colbert agrame-A3; do
+[ -e "$S/agrame-sigmoid/final/agrame.json" ] || python -m training.student "${recipe[@]}" --out "$S/agrame-sigmoid" --weighting sigmoid
+for m in colbert agrame-A3 agrame-sigmoid; do
   python -m training.choose_alpha --model "$S/$m/final" --data "$R/train/squad-train.jsonl" --skip 3500 --limit 300 --write
 done
 
@@ -39,6 +42,10 @@ bench agrame-A2 "$R/export/default" --span-query-marker Q
 bench colbert "$S/colbert/final"
 bench agrame-A3 "$S/agrame-A3/final"
 bench zeroshot zero-shot
+for d in squad-dev nq-oracle; do
+  python -m benchmarks.open_domain --dataset "$d" --method colbert-zeroshot-psg --limit 500 --depth 20 \
+    --model "$S/agrame-sigmoid/final" --tag agrame-A1-sigmoid
+done
 # The baselines of the same protocol: BM25 and sentence-level encodings (zero-shot).
 for d in squad-dev nq-oracle entityquestions; do
   python -m benchmarks.open_domain --dataset "$d" --method bm25 --limit 500 --depth 20 --tag s500

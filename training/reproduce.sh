@@ -3,7 +3,7 @@
 #   bash training/reproduce.sh          # ~20 min on 2 CPU cores; the model lands in runs/export/default
 #   SHIP=1 bash training/reproduce.sh   # also install it as the package default
 # Every step resumes: a finished step's output is kept, an interrupted training continues
-# from its checkpoint. The recipe, and why (see the issue-4 notes in benchmarks/README.md):
+# from its checkpoint. The recipe, and why (README.md, Training; benchmarks/README.md, Trained models):
 #   data     SQuAD v1.1 train: 4000 questions, gold paragraph + 3 BM25 negatives from train
 #   labels   the gold labels as the teacher (logit 5 for the gold paragraph and answer
 #            sentences, 0 elsewhere) — no cross-encoder teacher trained on 2 CPU cores beat
