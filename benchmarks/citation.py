@@ -336,12 +336,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     citer = Citer(args.model)
+    # The encoder's own name and fingerprint, not "default": what the default is changes.
+    model = {"model": citer.ranker.encoder.source, "fingerprint": citer.ranker.encoder.fingerprint()[:12]}
     command = command_line("benchmarks.citation", argv)
     if args.dataset == "latency":
         tasks = load_expertqa("rand_val")
         result = {"benchmark": "citation-latency", "dataset": "expertqa-rand_val",
                   "sample": {"claims": args.limit or 100, "seed": args.seed},
-                  "model": args.model or "default", "latency": latency(citer, tasks, (5, 10), args.limit or 100, args.seed)}
+                  **model, "latency": latency(citer, tasks, (5, 10), args.limit or 100, args.seed)}
         path = write_result("citation-latency", result, args.out, command)
         print(f"wrote {path}")
         return
@@ -369,7 +371,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         source = "chosen on ExpertQA rand_val (benchmarks/results/citation-expertqa-rand_val.json)"
     result = score(claims, preds, records, choice, groups)
     result["margin_sweep"] = grid
-    out = {"benchmark": "citation", "dataset": dataset, "model": args.model or "default",
+    out = {"benchmark": "citation", "dataset": dataset, **model,
            "baseline_model": args.baseline_model or "MiniLM (all-MiniLM-L6-v2)",
            "sample": {"tasks": len(tasks), "claims": len(claims), "limit": args.limit, "seed": args.seed,
                       "labels": {lab: sum(c.label == lab for c in claims) for lab in sorted({c.label for c in claims})},
