@@ -268,9 +268,12 @@ def render_teachers(results: List[dict]) -> str:
            "Passage P@1 among the BM25 top-10 pool candidates (gold forced in when BM25 missed "
            "it) and sentence P@1 within the gold paragraph. A teacher is used for distillation "
            "only if it clearly beats the student it would teach. Teachers as trained by "
-           "`training/reproduce.sh` (folder names match): `one-pass` 400 steps × 4 questions, lr 1e-4; "
+           "`training/teachers.sh` (folder names match), all from MiniLM on SQuAD train: `one-pass` "
+           "(every sentence scored at its marker in one forward pass) 400 steps × 4 questions, lr 1e-4; "
            "`one-pass-listwise` 200 more steps with the listwise sentence loss; `one-pass-listwise2` "
-           "400 more.", "",
+           "400 more; `marked` (the `$`-marked CE', one forward pass per sentence, no passage score) "
+           "1,000 steps × 4 questions with the listwise loss from the start. The students are "
+           "`zero-shot` MiniLM and the shipped model, which never saw a teacher.", "",
            "| model | kind | questions | passage P@1 | sentence P@1 (gold paragraph) | ms/q passages | ms/q sentences |",
            "|---|---|---:|---:|---:|---:|---:|"]
     for r in sorted(results, key=lambda r: r["kind"]):
