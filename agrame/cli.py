@@ -85,26 +85,44 @@ def build_parser() -> argparse.ArgumentParser:
     rank.add_argument("--batch-size", type=_positive_int, default=16, help="passages per forward pass (default: 16, fastest on CPU)")
 
     index = sub.add_parser(
-        "index", help="encode a passage file into an on-disk index folder",
-        description="Encode passages once into a folder of float16 token vectors, offsets and "
-                    "sentence tables, tagged with the model's fingerprint.",
+        "index", help="encode a passage file into an on-disk index folder (or --add to one)",
+        description="Encode passages once into a compressed index folder: each token is a centroid id "
+                    "plus a residual of --nbits bits per dimension (ColBERTv2's codec), with an inverted "
+                    "file for search over the whole index. Tagged with the model's fingerprint.",
+        epilog="Examples: agrame index -p corpus.jsonl -i my-index; "
+               "agrame index --add -p more.jsonl -i my-index (same centroids, new passages, atomic).",
     )
     index.add_argument("--passages", "-p", required=True, metavar="FILE", help="passage file, or - for stdin")
-    index.add_argument("--index", "-i", required=True, metavar="DIR", help="index folder to create")
+    index.add_argument("--index", "-i", required=True, metavar="DIR", help="index folder to create (or extend with --add)")
     index.add_argument("--input-format", choices=FORMATS, default="auto", help="passage file format")
-    index.add_argument("--model", "-m", metavar="PATH", default=None, help="model folder or 'zero-shot'; " + _DEFAULT_MODEL)
+    index.add_argument("--model", "-m", metavar="PATH", default=None,
+                       help="model folder or 'zero-shot'; " + _DEFAULT_MODEL + " (with --add: the index's own)")
+    index.add_argument("--nbits", type=int, choices=(1, 2, 4, 8), default=2,
+                       help="bits per dimension of each token's residual (default: 2, ~40 bytes per 128-d token)")
+    index.add_argument("--format", dest="index_format", type=int, choices=(1, 2), default=2,
+                       help="2: compressed (default); 1: float16 vectors, exhaustive search only")
+    index.add_argument("--add", action="store_true",
+                       help="append the passages to an existing compressed index with its centroids")
     index.add_argument("--batch-size", type=_positive_int, default=16, help="passages per forward pass (default: 16, fastest on CPU)")
     index.add_argument("--overwrite", action="store_true", help="replace an existing index folder")
 
     search = sub.add_parser(
-        "search", help="rank passages or sentences of an index for a query",
-        description="Exact late-interaction scoring over every passage of an index.",
+        "search", help="rank passages, sentences or stored spans of a whole index for a query",
+        description="Search a whole index: centroid-pruned candidates (PLAID), then exact "
+                    "late-interaction scores of the survivors' passages, sentences or spans.",
+        epilog="Example: agrame search -i my-index -g sentence 'What causes coral bleaching?'",
     )
     search.add_argument("query", help="the query text")
     search.add_argument("--index", "-i", required=True, metavar="DIR", help="index folder")
-    _add_common(search, ("passage", "sentence"), "sentence")
+    _add_common(search, ("passage", "sentence", "span"), "sentence")
     search.add_argument("--model", "-m", metavar="PATH", default=None,
                         help="model folder (default: the one the index was built with)")
+    search.add_argument("--exact", action="store_true",
+                        help="score every passage exhaustively (the reference; slow on large indexes)")
+    search.add_argument("--nprobe", type=_positive_int, default=None,
+                        help="centroids probed per query token (default: the index's, see benchmarks/README.md)")
+    search.add_argument("--ncandidates", type=_positive_int, default=None,
+                        help="passages decompressed and scored exactly (default: the index's)")
     cite = sub.add_parser(
         "cite", help="add citations to a generated answer from the passages it was written from",
         description="PropCite: split each answer sentence into propositions, score every passage "
@@ -175,12 +193,25 @@ def _cmd_rank(args) -> int:
 
 
 def _cmd_index(args) -> int:
+    if args.add and args.overwrite:
+        raise UsageError("--add and --overwrite cannot be combined")
+    if args.add and args.index_format == 1:
+        raise UsageError("--add needs a compressed index (--format 2)")
     passages = read_passages(args.passages, args.input_format)
     from .encoder import load_encoder
-    from .index import build_index
+    from .index import add_passages, build_index, read_manifest
+    from .index.format import load_index_model
 
+    if args.add:
+        manifest = read_manifest(args.index)
+        encoder = load_index_model(manifest, args.index, args.model)
+        new = add_passages(args.index, encoder, passages, batch_size=args.batch_size)
+        print(f"added {len(passages)} passages to {args.index} ({new['num_passages']} in all, "
+              f"generation {new['generation']})", file=sys.stderr)
+        return 0
     encoder = load_encoder(args.model)
-    path = build_index(encoder, passages, args.index, batch_size=args.batch_size, overwrite=args.overwrite)
+    path = build_index(encoder, passages, args.index, format=args.index_format, nbits=args.nbits,
+                       batch_size=args.batch_size, overwrite=args.overwrite)
     print(f"indexed {len(passages)} passages into {path}", file=sys.stderr)
     return 0
 
@@ -188,19 +219,11 @@ def _cmd_index(args) -> int:
 def _cmd_search(args) -> int:
     if not args.query.strip():
         raise UsageError("the query is empty")
-    from .encoder import load_encoder
-    from .index import check_model, load_index
-    from .ranker import Ranker
+    from .index import Index
 
-    manifest, corpus = load_index(args.index)
-    source = manifest["model"]["source"]
-    model = args.model
-    if model is None and not str(source).startswith("default:"):
-        model = source
-    encoder = load_encoder(model)
-    check_model(manifest, encoder, args.index)
-    ranker = Ranker(encoder, alpha=args.alpha)
-    results = ranker.rank(args.query, corpus, args.granularity, top_k=args.top_k)
+    index = Index(args.index, model=args.model)
+    results = index.search(args.query, args.granularity, top_k=args.top_k, exact=args.exact,
+                           nprobe=args.nprobe, ncandidates=args.ncandidates, alpha=args.alpha)
     _print_results(results, args.query, args.format)
     return 0
 

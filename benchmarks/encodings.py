@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from agrame.corpus import EncodedCorpus, Passage
 from agrame.encoder import Encoder, default_model_path, load_encoder
-from agrame.index import build_index, load_index
+from agrame.index.v1 import build_index, load_index
 from agrame.spans import split_sentences
 
 from .common import REPO

@@ -18,7 +18,7 @@ import torch
 
 from agrame.corpus import Passage
 from agrame.encoder import DEFAULT_MARKERS, load_encoder
-from agrame.index import build_index
+from agrame.index.v1 import build_index
 from agrame.ranker import Ranker
 from agrame.spans import split_sentences
 

@@ -158,3 +158,57 @@ def test_cite_empty_answer_from_stdin(capsys, monkeypatch, curie_files, tiny_mod
     code, _, err = run(["cite", "-a", "-", "-p", passages, "-m", tiny_model_dir], capsys, stdin=b"  \n",
                        monkeypatch=monkeypatch)
     assert code == 2 and "empty" in err
+
+
+def test_index_add_and_search_options(capsys, coral_file, tiny_model_dir, tmp_path):
+    idx = tmp_path / "idx"
+    lines = coral_file.read_text().splitlines()
+    (tmp_path / "a.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    (tmp_path / "b.jsonl").write_text("\n".join(lines[2:]) + "\n")
+    code, _, _ = run(["index", "-p", tmp_path / "a.jsonl", "-i", idx, "-m", tiny_model_dir, "--nbits", "4"], capsys)
+    assert code == 0 and json.loads((idx / "manifest.json").read_text())["nbits"] == 4
+    code, _, err = run(["index", "--add", "-p", tmp_path / "b.jsonl", "-i", idx], capsys)
+    assert code == 0 and "4 in all, generation 2" in err
+    code, _, err = run(["index", "--add", "-p", tmp_path / "b.jsonl", "-i", idx], capsys)
+    assert code == 2 and "already in" in err
+    outputs = []
+    for extra in ([], ["--exact"]):
+        code, out, _ = run(["search", "-i", idx, "-g", "passage", "-f", "jsonl", "reef", *extra], capsys)
+        assert code == 0
+        outputs.append([json.loads(line)["passage_id"] for line in out.splitlines()])
+    assert sorted(outputs[0]) == sorted(outputs[1]) and len(outputs[0]) == 4
+    code, out, _ = run(["search", "-i", idx, "-f", "jsonl", "reef", "--nprobe", "1", "--ncandidates", "1"], capsys)
+    assert code == 0 and len({json.loads(line)["passage_id"] for line in out.splitlines()}) == 1  # one survivor
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["search", "-i", "IDX", "   "], "query is empty"),
+    (["search", "-i", "IDX", "-g", "span", "reef"], "holds no spans"),
+    (["search", "-i", "IDX", "-m", "OTHER", "reef"], "search it with --model"),
+    (["search", "-i", "MISSING", "reef"], "does not exist"),
+    (["index", "--add", "-p", "CORAL", "-i", "MISSING"], "does not exist"),
+    (["index", "--add", "--overwrite", "-p", "CORAL", "-i", "IDX"], "cannot be combined"),
+])
+def test_search_and_add_usage_errors(capsys, coral_file, tiny_model_dir, other_model_dir, tmp_path, argv, message):
+    idx = tmp_path / "idx"
+    assert run(["index", "-p", coral_file, "-i", idx, "-m", tiny_model_dir], capsys)[0] == 0
+    names = {"IDX": idx, "MISSING": tmp_path / "none", "OTHER": other_model_dir, "CORAL": coral_file}
+    code, _, err = run([names.get(a, a) for a in argv], capsys)
+    assert code == 2 and message in err and err.startswith("agrame: error:")
+
+
+def test_damaged_index_exits_2_naming_the_file(capsys, coral_file, tiny_model_dir, tmp_path):
+    idx = tmp_path / "idx"
+    run(["index", "-p", coral_file, "-i", idx, "-m", tiny_model_dir], capsys)
+    (idx / "residuals.bin").write_bytes((idx / "residuals.bin").read_bytes()[:-1])
+    code, _, err = run(["search", "-i", idx, "reef"], capsys)
+    assert code == 2 and "residuals.bin is truncated" in err
+
+
+@pytest.mark.slow
+def test_zero_shot_index_searches_without_model_flag(capsys, coral_file, tmp_path):
+    idx = tmp_path / "idx"
+    assert run(["index", "-p", coral_file, "-i", idx, "-m", "zero-shot"], capsys)[0] == 0
+    code, out, err = run(["search", "-i", idx, "-f", "jsonl", "-k", "1", "What causes coral bleaching?"], capsys)
+    assert code == 0, err
+    assert len(out.splitlines()) == 1

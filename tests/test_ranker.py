@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from agrame import Passage, Ranker
-from agrame.index import build_index, load_index
+from agrame.index.v1 import build_index, load_index
 from agrame.ranker import rank_corpus
 from agrame.spans import span_token_mask, split_sentences
 

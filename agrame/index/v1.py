@@ -1,4 +1,4 @@
-"""On-disk token index: a folder holding the flat corpus layout of :mod:`agrame.corpus`.
+"""Version-1 index (``agrame-index/1``): a folder holding the flat corpus layout of :mod:`agrame.corpus`.
 
 Files: ``manifest.json`` (format, model fingerprint and settings, counts), ``vectors.f16``
 (raw float16 ``[T, dim]``, memory-mapped at search time), ``offsets.npy``,
@@ -19,17 +19,12 @@ from typing import List, Sequence
 import numpy as np
 import torch
 
-from . import __version__
-from .corpus import EncodedCorpus, Passage
-from .encoder import Encoder
+from .. import __version__
+from ..corpus import EncodedCorpus, Passage
+from ..encoder import Encoder
+from .format import FORMAT_V1 as FORMAT, MANIFEST, IndexFolderError, model_block, read_manifest
 
-FORMAT = "agrame-index/1"
-MANIFEST = "manifest.json"
 VECTORS = "vectors.f16"
-
-
-class IndexFolderError(ValueError):
-    """An index folder is missing, malformed, or belongs to another model."""
 
 
 def build_index(encoder: Encoder, passages: Sequence[Passage], path: str | Path, *,
@@ -74,8 +69,7 @@ def build_index(encoder: Encoder, passages: Sequence[Passage], path: str | Path,
             "format": FORMAT,
             "agrame_version": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "model": {"fingerprint": encoder.fingerprint(), "source": encoder.source,
-                      "settings": encoder.settings.to_json()},
+            "model": model_block(encoder),
             "dim": encoder.dim,
             "num_passages": len(passages),
             "num_tokens": num_tokens,
@@ -123,40 +117,12 @@ def _write_tables(folder: Path, parts: List[EncodedCorpus]) -> None:
     np.save(folder / "sentence_passage.npy", np.concatenate(sentence_passage))
 
 
-def read_manifest(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.is_dir():
-        raise IndexFolderError(f"index {path} does not exist" if not path.exists() else f"index {path} is not a folder")
-    manifest_file = path / MANIFEST
-    if not manifest_file.exists():
-        raise IndexFolderError(f"{path} is not an AGRaME index (no {MANIFEST})")
-    try:
-        manifest = json.loads(manifest_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise IndexFolderError(f"{manifest_file}: not valid JSON: {exc}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise IndexFolderError(f"{manifest_file}: expected \"format\": \"{FORMAT}\"")
-    return manifest
-
-
-def check_model(manifest: dict, encoder: Encoder, path: str | Path) -> None:
-    """Refuse an encoder other than the one the index was built with."""
-    built = manifest["model"]
-    if built["fingerprint"] != encoder.fingerprint():
-        raise IndexFolderError(
-            f"index {path} was built with model {built['source']} (fingerprint {built['fingerprint'][:12]}), "
-            f"but the loaded model is {encoder.source} (fingerprint {encoder.fingerprint()[:12]}); "
-            f"search it with --model {built['source']!s}"
-            if not str(built["source"]).startswith("default:") else
-            f"index {path} was built with the default model (fingerprint {built['fingerprint'][:12]}), "
-            f"but the loaded model is {encoder.source} (fingerprint {encoder.fingerprint()[:12]}); "
-            "search it without --model")
-
-
 def load_index(path: str | Path) -> tuple[dict, EncodedCorpus]:
     """Open an index; vectors stay memory-mapped (float16) and are scored chunk by chunk."""
     path = Path(path)
     manifest = read_manifest(path)
+    if manifest["format"] != FORMAT:
+        raise IndexFolderError(f"{path} is a {manifest['format']} index; open it with agrame.index.Index")
     try:
         vectors = np.memmap(path / VECTORS, dtype=np.float16, mode="r",
                             shape=(manifest["num_tokens"], manifest["dim"]))

@@ -1,0 +1,50 @@
+"""On-disk indexes: build, open, search.
+
+``agrame-index/2`` (default) stores each token as a centroid id plus a residual quantised to
+``nbits`` per dimension (:mod:`.codec`), an inverted file centroid → passages (:mod:`.ivf`),
+and searches in PLAID's stages (:mod:`.search`); :mod:`.store` writes and reads the files,
+:mod:`.format` holds the manifest, integrity checks and model agreement. ``agrame-index/1``
+(:mod:`.v1`, float16 vectors scanned exhaustively) still opens and searches.
+
+>>> from agrame.index import build_index, Index
+>>> build_index(encoder, passages, "my-index")            # nbits=2
+>>> Index("my-index").search("coral bleaching", granularity="sentence", top_k=5)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ..corpus import Passage
+from ..encoder import Encoder
+from .codec import ResidualCodec, num_centroids
+from .format import IndexFolderError, check_model, index_model_name, read_manifest
+from .search import Index, SearchSettings
+from .store import Store, add_passages, build_compressed, verify_crc
+
+#: Format written by :func:`build_index` unless told otherwise.
+DEFAULT_FORMAT = 2
+
+
+def build_index(encoder: Encoder, passages: Sequence[Passage], path: str | Path, *, format: int = DEFAULT_FORMAT,
+                nbits: int = 2, batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
+                progress: bool = True, sentences: Optional[Sequence] = None,
+                codec: Optional[ResidualCodec] = None) -> Path:
+    """Encode ``passages`` into an index folder at ``path`` (atomically: temporary name, then rename).
+
+    ``format=2`` compresses (``nbits`` ∈ {1, 2, 4, 8}); ``format=1`` writes float16 vectors.
+    """
+    if format == 1:
+        from .v1 import build_index as build_v1
+        return build_v1(encoder, passages, path, batch_size=batch_size, chunk_passages=chunk_passages,
+                        overwrite=overwrite, progress=progress, sentences=sentences)
+    if format != 2:
+        raise ValueError(f"unknown index format {format}; choose 1 or 2")
+    return build_compressed(encoder, passages, path, nbits=nbits, batch_size=batch_size,
+                            chunk_passages=chunk_passages, overwrite=overwrite, progress=progress,
+                            sentences=sentences, codec=codec)
+
+
+__all__ = ["Index", "IndexFolderError", "ResidualCodec", "SearchSettings", "Store", "add_passages", "build_index",
+           "check_model", "index_model_name", "num_centroids", "read_manifest", "verify_crc"]

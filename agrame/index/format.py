@@ -1,0 +1,148 @@
+"""Index folders: the manifest, file integrity, and which model an index belongs to.
+
+Format ``agrame-index/2`` (compressed; :mod:`agrame.index.store`) and ``agrame-index/1``
+(float16 vectors; :mod:`agrame.index.v1`) share the manifest's ``model`` block. A version-2
+manifest also lists every data file with its committed size and CRC-32: files are
+append-only, so a size *larger* than committed is an interrupted append (ignored, and cut
+off by the next writer), a smaller one is a truncated file, and a CRC mismatch a damaged one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from pathlib import Path
+from typing import Dict, Optional
+
+MANIFEST = "manifest.json"
+FORMAT_V1 = "agrame-index/1"
+FORMAT_V2 = "agrame-index/2"
+FORMATS = (FORMAT_V1, FORMAT_V2)
+#: Files up to this size are checksummed whenever an index is opened; larger ones by
+#: ``verify=True`` (CRC-32 reads ~1 GB/s: a 100M-token store would add seconds to every open).
+VERIFY_LIMIT = 1 << 30
+_CRC_BLOCK = 1 << 24
+
+
+class IndexFolderError(ValueError):
+    """An index folder is missing, malformed, damaged, or belongs to another model."""
+
+
+def read_manifest(path: str | Path) -> dict:
+    """The manifest of an index folder of either format (errors name the folder or file)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise IndexFolderError(f"index {path} does not exist" if not path.exists() else f"index {path} is not a folder")
+    manifest_file = path / MANIFEST
+    if not manifest_file.exists():
+        raise IndexFolderError(f"{path} is not an AGRaME index (no {MANIFEST})")
+    try:
+        manifest = json.loads(manifest_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise IndexFolderError(f"{manifest_file}: not valid JSON: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") not in FORMATS:
+        raise IndexFolderError(f"{manifest_file}: expected \"format\": one of {', '.join(FORMATS)}")
+    return manifest
+
+
+def write_manifest(folder: Path, manifest: dict) -> None:
+    """Commit a manifest: temporary name, fsync, rename (readers see the old or the new one)."""
+    tmp = folder / f".{MANIFEST}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(manifest, indent=2) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder / MANIFEST)
+
+
+def crc32_file(path: Path, size: Optional[int] = None, start: int = 0, crc: int = 0) -> int:
+    """CRC-32 of bytes ``[start, size)`` of a file, continuing from ``crc``."""
+    remaining = (path.stat().st_size if size is None else size) - start
+    with open(path, "rb") as f:
+        f.seek(start)
+        while remaining > 0:
+            block = f.read(min(_CRC_BLOCK, remaining))
+            if not block:
+                break
+            crc = zlib.crc32(block, crc)
+            remaining -= len(block)
+    return crc
+
+
+def check_files(folder: Path, files: Dict[str, dict], verify: bool | str = "auto") -> None:
+    """Refuse a missing, truncated or damaged file, naming it.
+
+    ``verify``: ``"auto"`` checksums files up to :data:`VERIFY_LIMIT`, ``True`` all of them,
+    ``False`` none (sizes are always checked).
+    """
+    for name, info in files.items():
+        file = folder / name
+        if not file.exists():
+            raise IndexFolderError(f"index {folder} is damaged: {name} is missing")
+        actual = file.stat().st_size
+        if actual < info["size"]:
+            raise IndexFolderError(f"index {folder} is damaged: {name} is truncated "
+                                   f"({actual} bytes, the manifest records {info['size']})")
+        if verify is True or (verify == "auto" and info["size"] <= VERIFY_LIMIT):
+            if crc32_file(file, info["size"]) != info["crc32"]:
+                raise IndexFolderError(f"index {folder} is damaged: {name} does not match its checksum")
+
+
+# -- which model an index belongs to ---------------------------------------------------
+
+def model_name(encoder) -> str:
+    """What ``load_encoder`` takes to load this encoder again: ``default``, ``zero-shot`` or a path."""
+    source = str(encoder.source)
+    if source.startswith("default:"):
+        return "default"
+    if source.startswith("zero-shot:"):
+        return "zero-shot"
+    return source
+
+
+def model_block(encoder) -> dict:
+    return {"fingerprint": encoder.fingerprint(), "source": encoder.source, "name": model_name(encoder),
+            "settings": encoder.settings.to_json()}
+
+
+def index_model_name(manifest: dict) -> str:
+    """The ``--model`` value that loads an index's model (older manifests lack ``name``)."""
+    built = manifest["model"]
+    if "name" in built:
+        return built["name"]
+    source = str(built["source"])
+    if source.startswith("default:"):
+        return "default"
+    if source.startswith("zero-shot:"):
+        return "zero-shot"
+    return source
+
+
+def load_index_model(manifest: dict, path: str | Path, model=None):
+    """The encoder to search an index with: ``model`` if given (checked), else the index's own."""
+    from ..encoder import Encoder, ModelError, load_encoder
+
+    if isinstance(model, Encoder):
+        encoder = model
+    else:
+        name = index_model_name(manifest) if model is None else str(model)
+        try:
+            encoder = load_encoder(None if name == "default" else name)
+        except ModelError as exc:
+            raise IndexFolderError(f"index {path} was built with model {name!r}, which cannot be loaded "
+                                   f"here ({exc}); pass the model folder with --model") from None
+    check_model(manifest, encoder, path)
+    return encoder
+
+
+def check_model(manifest: dict, encoder, path: str | Path) -> None:
+    """Refuse an encoder other than the one the index was built with, naming the flag that works."""
+    built = manifest["model"]
+    if built["fingerprint"] == encoder.fingerprint():
+        return
+    name = index_model_name(manifest)
+    fix = "search it without --model" if name == "default" else f"search it with --model {name}"
+    raise IndexFolderError(
+        f"index {path} was built with model {name} (fingerprint {built['fingerprint'][:12]}), "
+        f"but the loaded model is {model_name(encoder)} (fingerprint {encoder.fingerprint()[:12]}); {fix}")

@@ -1,0 +1,188 @@
+"""Search over a whole index in PLAID's stages (Santhanam et al. 2022), every exact score from
+:mod:`agrame.scoring` through :func:`agrame.ranker.rank_corpus`.
+
+1. **Candidates**: each query token's ``nprobe`` most similar centroids; their inverted
+   lists give the candidate passages.
+2. **Pruning by centroids alone**, in two steps: (a) Σ_i max over the passage's *probed*
+   centroids of q_i·c (from the inverted lists, no token data read) keeps
+   ``PRUNE_FACTOR × ncandidates`` passages; (b) Σ_i max over *all* its tokens' centroids
+   (their codes) keeps ``ncandidates``.
+3. **Exact**: the survivors are decompressed and scored like an in-memory corpus: passage
+   S(q,p), every sentence S'(q,s)+α·S(q,p), or the spans stored with the passages.
+
+Both centroid approximations are the MaxSim of :func:`agrame.scoring.segment_maxsim` over a
+matrix of centroid similarities, so no second MaxSim is written here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, NamedTuple, Optional, Union
+
+import numpy as np
+import torch
+
+from .. import scoring
+from ..encoder import Encoder
+from ..ranker import GRANULARITIES, Ranker, ScoredSpan, rank_corpus
+from .format import FORMAT_V1, IndexFolderError, load_index_model, read_manifest
+from .store import Store
+
+#: Stage 2a keeps this many times ``ncandidates`` passages for the code-level step 2b.
+PRUNE_FACTOR = 4
+#: Passages per exhaustive (``exact``) scoring chunk.
+EXACT_CHUNK_TOKENS = 65_536
+
+
+class SearchSettings(NamedTuple):
+    """Candidate-generation settings; defaults chosen on SQuAD *train* questions over the pooled
+    corpus (``python -m benchmarks.index_search --choose``; table in benchmarks/README.md)."""
+
+    nprobe: int = 4
+    ncandidates: int = 256
+
+
+class Index:
+    """An index folder opened for search (either format; version 1 is always scanned exactly).
+
+    >>> index = Index("my-index")
+    >>> index.search("What causes coral bleaching?", granularity="sentence", top_k=5)
+    """
+
+    def __init__(self, path: Union[str, Path], model: Union[Encoder, str, Path, None] = None,
+                 verify: Union[bool, str] = "auto"):
+        self.path = Path(path)
+        self._model_arg = model
+        self._verify = verify
+        self._encoder: Optional[Encoder] = None
+        self._open(read_manifest(self.path))
+
+    def _open(self, manifest: dict) -> None:
+        self.manifest = manifest
+        self.store: Optional[Store] = None
+        self._v1 = None
+        if manifest["format"] == FORMAT_V1:
+            from .v1 import load_index
+            self._v1 = load_index(self.path)[1]
+        else:
+            self.store = Store(self.path, manifest, self._verify)
+            self._centroids = torch.from_numpy(self.store.codec.centroids.astype(np.float32))
+        self.defaults = SearchSettings(**manifest.get("search", {}))
+
+    def reload(self) -> bool:
+        """Open the newest committed generation if it changed (e.g. after ``add``); True if it did."""
+        manifest = read_manifest(self.path)
+        if manifest.get("generation") == self.manifest.get("generation") and manifest == self.manifest:
+            return False
+        self._open(manifest)
+        return True
+
+    @property
+    def compressed(self) -> bool:
+        return self.store is not None
+
+    def __len__(self) -> int:
+        return int(self.manifest["num_passages"])
+
+    @property
+    def encoder(self) -> Encoder:
+        """The index's own model (loaded on first use), or the one given, checked by fingerprint."""
+        if self._encoder is None:
+            self._encoder = load_index_model(self.manifest, self.path, self._model_arg)
+        return self._encoder
+
+    def search(self, query: str, granularity: str = "sentence", top_k: Optional[int] = 10, *,
+               exact: bool = False, nprobe: Optional[int] = None, ncandidates: Optional[int] = None,
+               alpha: Optional[float] = None) -> List[ScoredSpan]:
+        """Rank the index's passages, sentences or stored spans for ``query``, best first."""
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError("query is empty")
+        self._check(granularity, top_k)
+        ranker = Ranker(self.encoder)
+        q, s = ranker.encode_query(query, granularity)
+        return self.search_vectors(q, s, granularity, top_k, exact=exact, nprobe=nprobe,
+                                   ncandidates=ncandidates, alpha=alpha)
+
+    def _check(self, granularity: str, top_k: Optional[int]) -> None:
+        if granularity not in GRANULARITIES:
+            raise ValueError(f"unknown granularity {granularity!r}; choose one of {', '.join(GRANULARITIES)}")
+        if top_k is not None and top_k < 1:
+            raise ValueError("top_k must be at least 1")
+        if granularity == "span" and not self.manifest.get("has_spans"):
+            raise ValueError(f"index {self.path} holds no spans: index passages with a JSONL 'spans' field "
+                             "to search at granularity 'span'")
+
+    def search_vectors(self, q: torch.Tensor, s: Optional[torch.Tensor], granularity: str = "sentence",
+                       top_k: Optional[int] = 10, *, exact: bool = False, nprobe: Optional[int] = None,
+                       ncandidates: Optional[int] = None, alpha: Optional[float] = None) -> List[ScoredSpan]:
+        """:meth:`search` with query vectors already encoded (``Ranker.encode_query``)."""
+        self._check(granularity, top_k)
+        alpha = (self._encoder.settings.alpha if self._encoder is not None
+                 else self.manifest["model"]["settings"].get("alpha", 0.5)) if alpha is None else float(alpha)
+        if self._v1 is not None:
+            return rank_corpus(q, s, self._v1, granularity, alpha=alpha, top_k=top_k,
+                               span_table=self._spans(self._v1) if granularity == "span" else None)
+        if exact:
+            return self._exhaustive(q, s, granularity, top_k, alpha)
+        nprobe = self.defaults.nprobe if nprobe is None else int(nprobe)
+        ncandidates = self.defaults.ncandidates if ncandidates is None else int(ncandidates)
+        if nprobe < 1 or ncandidates < 1:
+            raise ValueError("nprobe and ncandidates must be at least 1")
+        if top_k is not None and granularity == "passage":
+            ncandidates = max(ncandidates, top_k)
+        survivors = np.sort(self.candidates(q, nprobe, ncandidates))
+        return self._score(q, s, survivors, granularity, top_k, alpha)
+
+    def candidates(self, q: torch.Tensor, nprobe: int, ncandidates: int) -> np.ndarray:
+        """Stages 1–2: the ``ncandidates`` passages with the best centroid-approximated scores."""
+        store = self.store
+        cs = scoring.similarity(q.float(), self._centroids)  # [Lq, K]
+        probe = torch.topk(cs, min(nprobe, cs.shape[1]), dim=1).indices.unique().numpy()
+        lengths = store.ivf.offsets[probe + 1] - store.ivf.offsets[probe]
+        pids = store.ivf.lists(probe)
+        if pids.size == 0:
+            return pids
+        pair_centroid = torch.from_numpy(np.repeat(probe, lengths))
+        unique, local = np.unique(pids, return_inverse=True)
+        approx = scoring.segment_maxsim(cs[:, pair_centroid], torch.from_numpy(local), len(unique))
+        pool = min(len(unique), PRUNE_FACTOR * ncandidates)
+        if pool < len(unique):
+            unique = unique[_top_indices(approx, pool)]
+        if len(unique) <= ncandidates:
+            return unique
+        codes = torch.from_numpy(store.codes_of(unique))
+        owners = torch.repeat_interleave(torch.arange(len(unique)), torch.from_numpy(store.doclens[unique]))
+        approx = scoring.segment_maxsim(cs[:, codes], owners, len(unique))
+        return unique[_top_indices(approx, ncandidates)]
+
+    def _spans(self, corpus):
+        return Ranker._span_table(corpus, None) if corpus.spans else {}
+
+    def _score(self, q, s, pids: np.ndarray, granularity: str, top_k, alpha: float) -> List[ScoredSpan]:
+        """Stage 3: decompress ``pids`` and score them exactly."""
+        if len(pids) == 0:
+            return []
+        corpus = self.store.corpus(pids)
+        if granularity == "span":
+            table = self._spans(corpus)
+            if not table:
+                return []
+            return rank_corpus(q, s, corpus, "span", alpha=alpha, top_k=top_k, span_table=table)
+        return rank_corpus(q, s, corpus, granularity, alpha=alpha, top_k=top_k)
+
+    def _exhaustive(self, q, s, granularity: str, top_k, alpha: float) -> List[ScoredSpan]:
+        """Every passage decompressed and scored, chunk by chunk; top-k merged (ties: index order)."""
+        store = self.store
+        hits: List[ScoredSpan] = []
+        lo = 0
+        while lo < len(store):
+            hi = int(np.searchsorted(store.starts, store.starts[lo] + EXACT_CHUNK_TOKENS, side="right")) - 1
+            hi = min(max(hi, lo + 1), len(store))
+            hits.extend(self._score(q, s, np.arange(lo, hi), granularity, top_k, alpha))
+            lo = hi
+        hits.sort(key=lambda h: -h.score)  # stable: equal scores keep index order
+        return hits[:top_k] if top_k is not None else hits
+
+
+def _top_indices(scores: torch.Tensor, k: int) -> np.ndarray:
+    return torch.topk(scores, k).indices.numpy()

@@ -1,0 +1,496 @@
+"""The compressed token store of an ``agrame-index/2`` folder: writing (streamed build,
+``add``) and reading (memory-mapped gathers of whole passages).
+
+Files (raw little-endian arrays, all append-only except the per-generation inverted file):
+
+=====================  ==========================================================
+``centroids.f16``      ``[K, d]`` unit centroids (:mod:`agrame.index.codec`)
+``buckets.f32``        bucket cut-offs ``[B-1]`` then reconstruction values ``[B]``
+``codes.bin``          ``[T]`` centroid id per token (uint16 when K ≤ 65,536, else int32)
+``residuals.bin``      ``[T, d·nbits/8]`` packed residual buckets
+``tokens.bin``         ``[T]`` character start (int32) and length (uint16) of each token
+``doclens.bin``        ``[N]`` int32 tokens per passage
+``sentcounts.bin``     ``[N]`` int32 sentences per passage
+``sentences.bin``      ``[S, 2]`` int32 character spans of the sentences, passage by passage
+``passages.jsonl``     ``{"id", "text", "spans"?}`` per passage (text excluded from size targets)
+``passage_offsets.bin`` ``[N]`` int64 byte offset of each passage's line (random access to hits)
+``ivf-G.offsets.bin``  ``[K+1]`` int64 CSR starts; ``ivf-G.pids.bin``: int32 passages per centroid
+=====================  ==========================================================
+
+Token→sentence ids are not stored: they follow from the token offsets and the sentence
+spans (:func:`agrame.spans.token_segments`) and are recomputed for the passages a search
+decompresses. A build writes into a temporary folder renamed into place; an ``add`` appends
+past the committed sizes and commits by replacing the manifest (:mod:`agrame.index.format`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .. import __version__
+from ..corpus import EncodedCorpus, Passage
+from ..encoder import EncodedPassage, Encoder
+from ..spans import normalize_span, split_sentences
+from .codec import ResidualCodec, num_centroids
+from .format import (FORMAT_V2, MANIFEST, IndexFolderError, check_files, check_model, crc32_file,
+                     model_block, read_manifest, write_manifest)
+from .ivf import InvertedFile, build_ivf, merge_ivf, unique_pairs
+
+TOKEN_DTYPE = np.dtype([("start", "<i4"), ("length", "<u2")])
+APPEND_FILES = ("codes.bin", "residuals.bin", "tokens.bin", "doclens.bin", "sentcounts.bin", "sentences.bin",
+                "passages.jsonl", "passage_offsets.bin")
+#: k-means training points per centroid. faiss suggests ≥ 39; ColBERTv2 trains on ~96% of a
+#: 34k-passage corpus on a GPU. On 2 CPU cores the k-means cost (points × K × d per
+#: iteration) must stay within minutes, so the sample is K × this (measured in benchmarks).
+POINTS_PER_CENTROID = 8
+KMEANS_NITER = 8
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(s, s + n)`` for each (s, n), vectorised."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.repeat(np.asarray(starts, dtype=np.int64) - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+    return offsets + np.arange(total, dtype=np.int64)
+
+
+class _Appender:
+    """Appends arrays to the store files, tracking sizes and running CRC-32s."""
+
+    def __init__(self, folder: Path, files: Dict[str, dict]):
+        self.folder = folder
+        self.files = {name: dict(info) for name, info in files.items()}
+        self.handles = {}
+        for name in APPEND_FILES:
+            info = self.files.setdefault(name, {"size": 0, "crc32": 0})
+            f = open(folder / name, "r+b" if (folder / name).exists() else "w+b")
+            f.truncate(info["size"])  # drop an interrupted append beyond the committed size
+            f.seek(info["size"])
+            self.handles[name] = f
+
+    def write(self, name: str, data: bytes) -> int:
+        import zlib
+
+        info = self.files[name]
+        at = info["size"]
+        self.handles[name].write(data)
+        info["size"] += len(data)
+        info["crc32"] = zlib.crc32(data, info["crc32"])
+        return at
+
+    def close(self) -> None:
+        for f in self.handles.values():
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+
+
+def _write_fixed(folder: Path, name: str, data: bytes, files: Dict[str, dict]) -> None:
+    import zlib
+
+    tmp = folder / f".{name}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder / name)
+    files[name] = {"size": len(data), "crc32": zlib.crc32(data)}
+
+
+def _passage_sentences(passage: Passage, given) -> List[Tuple[int, int]]:
+    return split_sentences(passage.text) if given is None else [tuple(s) for s in given]
+
+
+class _ChunkWriter:
+    """Compress encoded passages and append them (one place for build and add)."""
+
+    def __init__(self, appender: _Appender, codec: ResidualCodec, first_pid: int):
+        self.out, self.codec, self.next_pid = appender, codec, first_pid
+        self.pairs: List[np.ndarray] = []
+        self.has_spans = False
+        self.tokens = 0
+        self.sentences = 0
+
+    def write(self, passages: Sequence[Passage], encoded: Sequence[EncodedPassage],
+              sentences: Optional[Sequence] = None) -> None:
+        vectors = np.concatenate([e.vectors.numpy() for e in encoded]) if encoded else np.zeros((0, self.codec.dim))
+        codes, residuals = self.codec.compress(vectors)
+        offsets = np.concatenate([e.offsets.numpy() for e in encoded])
+        tokens = np.zeros(len(offsets), dtype=TOKEN_DTYPE)
+        tokens["start"] = offsets[:, 0]
+        lengths = offsets[:, 1] - offsets[:, 0]
+        if lengths.size and lengths.max() > np.iinfo(np.uint16).max:
+            raise IndexFolderError("a token spans more than 65,535 characters")
+        tokens["length"] = lengths
+        doclens = np.array([len(e.offsets) for e in encoded], dtype=np.int32)
+        spans = [_passage_sentences(p, None if sentences is None else sentences[i]) for i, p in enumerate(passages)]
+        sentcounts = np.array([len(s) for s in spans], dtype=np.int32)
+        flat = np.array([x for s in spans for x in s], dtype=np.int32).reshape(-1, 2)
+        pids = np.repeat(np.arange(self.next_pid, self.next_pid + len(passages), dtype=np.int64), doclens)
+        self.pairs.append(unique_pairs(codes, pids))
+        self.out.write("codes.bin", codes.tobytes())
+        self.out.write("residuals.bin", np.ascontiguousarray(residuals).tobytes())
+        self.out.write("tokens.bin", tokens.tobytes())
+        self.out.write("doclens.bin", doclens.tobytes())
+        self.out.write("sentcounts.bin", sentcounts.tobytes())
+        self.out.write("sentences.bin", flat.tobytes())
+        lines, starts = [], []
+        for p in passages:
+            record = {"id": p.id, "text": p.text}
+            if p.spans is not None:
+                self.has_spans = True
+                record["spans"] = [[list(piece) for piece in normalize_span(s, len(p.text))] for s in p.spans]
+            lines.append((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+        for line in lines:
+            starts.append(self.out.write("passages.jsonl", line))
+        self.out.write("passage_offsets.bin", np.array(starts, dtype=np.int64).tobytes())
+        self.next_pid += len(passages)
+        self.tokens += int(doclens.sum())
+        self.sentences += int(sentcounts.sum())
+
+
+def _encode_chunks(encoder: Encoder, passages: Sequence[Passage], chunk: int, batch_size: int,
+                   cached: Dict[int, EncodedPassage], bar) -> Iterator[Tuple[int, List[Passage], List[EncodedPassage]]]:
+    for lo in range(0, len(passages), chunk):
+        part = list(passages[lo:lo + chunk])
+        todo = [i for i in range(lo, lo + len(part)) if i not in cached]
+        fresh = dict(zip(todo, encoder.encode_passages([passages[i].text for i in todo], batch_size=batch_size)
+                               if todo else []))
+        encoded = [cached.pop(i) if i in cached else fresh[i] for i in range(lo, lo + len(part))]
+        if bar is not None:
+            bar.update(len(part))
+        yield lo, part, encoded
+
+
+def train_codec(encoder: Encoder, passages: Sequence[Passage], nbits: int, *, batch_size: int = 16,
+                seed: int = 0, points_per_centroid: int = POINTS_PER_CENTROID,
+                progress: bool = False) -> Tuple[ResidualCodec, Dict[int, EncodedPassage], dict]:
+    """Encode a random sample of passages, choose K from the estimated token count, train the codec.
+
+    Returns the codec, the sample's encodings (reused by the build, not encoded twice) and
+    a description of the choice for the manifest.
+    """
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(passages))
+    cached: Dict[int, EncodedPassage] = {}
+    taken = 0
+    first = min(len(passages), 256)
+    needed = None
+    while taken < len(order):
+        step = first if needed is None else min(len(order) - taken, max(64, taken // 2))
+        idx = [int(i) for i in order[taken:taken + step]]
+        for i, enc in zip(idx, encoder.encode_passages([passages[i].text for i in idx], batch_size=batch_size,
+                                                       progress=progress)):
+            cached[i] = enc
+        taken += len(idx)
+        sample_tokens = sum(len(e.offsets) for e in cached.values())
+        estimate = int(round(sample_tokens / taken * len(passages)))
+        k = num_centroids(estimate)
+        needed = k * points_per_centroid
+        if sample_tokens >= needed:
+            break
+    sample = np.concatenate([e.vectors.numpy() for e in cached.values()])
+    if len(sample) > needed:
+        sample = sample[rng.choice(len(sample), needed, replace=False)]
+    started = time.perf_counter()
+    codec = ResidualCodec.train(sample, k, nbits, niter=KMEANS_NITER, seed=seed)
+    info = {"estimated_tokens": estimate, "num_centroids": codec.num_centroids, "rule": "2^floor(log2(16·√T))",
+            "kmeans_points": int(len(sample)), "kmeans_niter": KMEANS_NITER, "sample_passages": taken,
+            "kmeans_seconds": round(time.perf_counter() - started, 1), "seed": seed}
+    return codec, cached, info
+
+
+def _codec_files(folder: Path, codec: ResidualCodec, files: Dict[str, dict]) -> None:
+    _write_fixed(folder, "centroids.f16", codec.centroids.tobytes(), files)
+    _write_fixed(folder, "buckets.f32", np.concatenate([codec.cutoffs, codec.weights]).astype("<f4").tobytes(), files)
+
+
+def _ivf_files(folder: Path, ivf: InvertedFile, generation: int, files: Dict[str, dict]) -> None:
+    _write_fixed(folder, f"ivf-{generation}.offsets.bin", ivf.offsets.astype("<i8").tobytes(), files)
+    _write_fixed(folder, f"ivf-{generation}.pids.bin", ivf.pids.astype("<i4").tobytes(), files)
+
+
+def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | Path, *, nbits: int = 2,
+                     batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
+                     progress: bool = True, sentences: Optional[Sequence] = None,
+                     codec: Optional[ResidualCodec] = None, encoded: Optional[EncodedCorpus] = None,
+                     seed: int = 0) -> Path:
+    """Write an ``agrame-index/2`` folder, streaming: encode a chunk, compress it, append it.
+
+    ``codec`` reuses given centroids and buckets (e.g. another index's); ``encoded`` takes
+    vectors already computed for ``passages`` (same order) instead of encoding them.
+    """
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise IndexFolderError(f"{path} already exists (use --overwrite to replace it)")
+    if not passages:
+        raise IndexFolderError("no passages to index")
+    if sentences is not None and len(sentences) != len(passages):
+        raise ValueError(f"sentences: {len(sentences)} lists for {len(passages)} passages")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    bar = None
+    try:
+        source = _EncodedSource(encoded) if encoded is not None else None
+        if codec is None:
+            codec, cached, codec_info = (train_codec_from(source, nbits, seed=seed) if source is not None else
+                                         train_codec(encoder, passages, nbits, batch_size=batch_size, seed=seed))
+        else:
+            cached, codec_info = {}, {"num_centroids": codec.num_centroids, "given": True}
+        if progress:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(passages), desc="indexing", unit="psg", disable=None)
+        files: Dict[str, dict] = {}
+        _codec_files(tmp, codec, files)
+        out = _Appender(tmp, files)
+        writer = _ChunkWriter(out, codec, 0)
+        chunks = (source.chunks(passages, chunk_passages, bar) if source is not None else
+                  _encode_chunks(encoder, passages, chunk_passages, batch_size, cached, bar))
+        for lo, part, enc in chunks:
+            writer.write(part, enc, None if sentences is None else sentences[lo:lo + len(part)])
+        out.close()
+        files.update(out.files)
+        ivf = build_ivf(np.concatenate(writer.pairs), codec.num_centroids)
+        _ivf_files(tmp, ivf, 1, files)
+        manifest = {
+            "format": FORMAT_V2, "generation": 1, "agrame_version": __version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "model": model_block(encoder), "dim": codec.dim, "nbits": codec.nbits,
+            "num_centroids": codec.num_centroids, "code_dtype": codec.code_dtype.str,
+            "codec": codec_info, "num_passages": writer.next_pid, "num_tokens": writer.tokens,
+            "num_sentences": writer.sentences, "has_spans": writer.has_spans, "files": files,
+        }
+        write_manifest(tmp, manifest)
+        if path.exists():
+            old = path.parent / f".{path.name}.old-{os.getpid()}"
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    return path
+
+
+class _EncodedSource:
+    """Vectors already encoded (an :class:`EncodedCorpus`, e.g. a version-1 index) as build input."""
+
+    def __init__(self, corpus: EncodedCorpus):
+        self.corpus = corpus
+
+    def passage(self, p: int) -> EncodedPassage:
+        import torch
+
+        sl = self.corpus.passage_tokens(p)
+        vectors = self.corpus.vectors[sl]
+        vectors = torch.from_numpy(np.asarray(vectors, dtype=np.float32)) if isinstance(vectors, np.ndarray) \
+            else vectors.float()
+        return EncodedPassage(vectors, self.corpus.offsets[sl])
+
+    def chunks(self, passages, chunk, bar):
+        for lo in range(0, len(passages), chunk):
+            part = list(passages[lo:lo + chunk])
+            if bar is not None:
+                bar.update(len(part))
+            yield lo, part, [self.passage(p) for p in range(lo, lo + len(part))]
+
+
+def train_codec_from(source: _EncodedSource, nbits: int, *, seed: int = 0,
+                     points_per_centroid: int = POINTS_PER_CENTROID):
+    corpus = source.corpus
+    k = num_centroids(corpus.num_tokens)
+    needed = min(corpus.num_tokens, k * points_per_centroid)
+    rng = np.random.default_rng(seed)
+    rows = np.sort(rng.choice(corpus.num_tokens, needed, replace=False))
+    sample = np.asarray(corpus.vectors[rows], dtype=np.float32)
+    started = time.perf_counter()
+    codec = ResidualCodec.train(sample, k, nbits, niter=KMEANS_NITER, seed=seed)
+    return codec, {}, {"estimated_tokens": corpus.num_tokens, "num_centroids": codec.num_centroids,
+                       "rule": "2^floor(log2(16·√T))", "kmeans_points": int(needed), "kmeans_niter": KMEANS_NITER,
+                       "kmeans_seconds": round(time.perf_counter() - started, 1), "seed": seed}
+
+
+class Store:
+    """Read side of one committed generation: memory-mapped arrays, lazily read passages."""
+
+    def __init__(self, path: str | Path, manifest: Optional[dict] = None, verify: bool | str = "auto"):
+        self.path = Path(path)
+        self.manifest = manifest if manifest is not None else read_manifest(self.path)
+        if self.manifest["format"] != FORMAT_V2:
+            raise IndexFolderError(f"{self.path}: not a compressed ({FORMAT_V2}) index")
+        m, files = self.manifest, self.manifest["files"]
+        check_files(self.path, files, verify)
+        try:
+            buckets = np.fromfile(self.path / "buckets.f32", dtype="<f4", count=files["buckets.f32"]["size"] // 4)
+            B = 1 << m["nbits"]
+            centroids = np.fromfile(self.path / "centroids.f16", dtype=np.float16,
+                                    count=m["num_centroids"] * m["dim"]).reshape(m["num_centroids"], m["dim"])
+            self.codec = ResidualCodec(centroids, buckets[:B - 1], buckets[B - 1:], m["nbits"])
+            T, N = m["num_tokens"], m["num_passages"]
+            self.codes = self._map("codes.bin", np.dtype(m["code_dtype"]), (T,))
+            self.residuals = self._map("residuals.bin", np.uint8, (T, self.codec.bytes_per_token))
+            self.tokens = self._map("tokens.bin", TOKEN_DTYPE, (T,))
+            self.doclens = np.fromfile(self.path / "doclens.bin", dtype="<i4", count=N).astype(np.int64)
+            sentcounts = np.fromfile(self.path / "sentcounts.bin", dtype="<i4", count=N).astype(np.int64)
+            self.sentences = np.fromfile(self.path / "sentences.bin", dtype="<i4",
+                                         count=2 * m["num_sentences"]).reshape(-1, 2)
+            self.passage_offsets = np.fromfile(self.path / "passage_offsets.bin", dtype="<i8", count=N)
+            g = m["generation"]
+            self.ivf = InvertedFile(np.fromfile(self.path / f"ivf-{g}.offsets.bin", dtype="<i8",
+                                                count=m["num_centroids"] + 1),
+                                    self._map(f"ivf-{g}.pids.bin", np.int32,
+                                              (files[f"ivf-{g}.pids.bin"]["size"] // 4,)))
+        except (OSError, ValueError, KeyError) as exc:
+            raise IndexFolderError(f"index {self.path} is damaged: {exc}") from None
+        self.starts = np.concatenate([[0], np.cumsum(self.doclens)])
+        self.sent_starts = np.concatenate([[0], np.cumsum(sentcounts)])
+        if self.starts[-1] != m["num_tokens"] or self.sent_starts[-1] != m["num_sentences"]:
+            raise IndexFolderError(f"index {self.path} is damaged: counts disagree with {MANIFEST}")
+        self._records: Dict[int, dict] = {}
+
+    def _map(self, name: str, dtype, shape) -> np.ndarray:
+        if int(np.prod(shape)) == 0:
+            return np.zeros(shape, dtype=dtype)
+        return np.memmap(self.path / name, dtype=dtype, mode="r", shape=shape)
+
+    def __len__(self) -> int:
+        return int(self.manifest["num_passages"])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.manifest["num_tokens"])
+
+    def record(self, p: int) -> dict:
+        """``{"id", "text", "spans"?}`` of passage ``p`` (read from disk on first use)."""
+        if p not in self._records:
+            with open(self.path / "passages.jsonl", "rb") as f:
+                f.seek(int(self.passage_offsets[p]))
+                self._records[p] = json.loads(f.readline())
+        return self._records[p]
+
+    def ids(self) -> List[str]:
+        out = []
+        with open(self.path / "passages.jsonl", "rb") as f:
+            for _, line in zip(range(len(self)), f):
+                out.append(json.loads(line)["id"])
+        return out
+
+    def token_rows(self, pids: np.ndarray) -> np.ndarray:
+        """Token positions of passages ``pids``, concatenated in that order."""
+        pids = np.asarray(pids, dtype=np.int64)
+        return _ranges(self.starts[pids], self.doclens[pids])
+
+    def codes_of(self, pids: np.ndarray) -> np.ndarray:
+        return np.asarray(self.codes[self.token_rows(pids)], dtype=np.int64)
+
+    def corpus(self, pids: Sequence[int]) -> EncodedCorpus:
+        """Decompress passages ``pids`` into an :class:`EncodedCorpus` (in that order) for exact scoring."""
+        import torch
+
+        pids = np.asarray(pids, dtype=np.int64)
+        rows = self.token_rows(pids)
+        vectors = self.codec.decompress(self.codes[rows], self.residuals[rows])
+        tokens = self.tokens[rows]
+        offsets = np.stack([tokens["start"], tokens["start"] + tokens["length"]], axis=1).astype(np.int64)
+        passages, encoded, sentences = [], [], []
+        at = 0
+        for p in pids.tolist():
+            record = self.record(p)
+            n = int(self.doclens[p])
+            passages.append(Passage(record["id"], record["text"],
+                                    tuple(record["spans"]) if "spans" in record else None))
+            encoded.append(EncodedPassage(torch.from_numpy(vectors[at:at + n]), torch.from_numpy(offsets[at:at + n])))
+            s_lo, s_hi = int(self.sent_starts[p]), int(self.sent_starts[p + 1])
+            sentences.append([tuple(s) for s in self.sentences[s_lo:s_hi].tolist()])
+            at += n
+        return EncodedCorpus.build(passages, encoded, sentences)
+
+    def bytes(self, include_text: bool = False) -> int:
+        """Committed bytes of the folder (manifest included; passage text optional)."""
+        text = {"passages.jsonl"}
+        total = (self.path / MANIFEST).stat().st_size
+        return total + sum(info["size"] for name, info in self.manifest["files"].items()
+                           if include_text or name not in text)
+
+
+def add_passages(path: str | Path, encoder: Encoder, passages: Sequence[Passage], *, batch_size: int = 16,
+                 chunk_passages: int = 1024, progress: bool = True,
+                 sentences: Optional[Sequence] = None) -> dict:
+    """Append passages to an ``agrame-index/2`` folder with its centroids, as one new generation.
+
+    Readers that opened the previous generation keep seeing it; an interrupted add leaves the
+    previous generation committed (the bytes it appended are cut off by the next writer).
+    Returns the new manifest.
+    """
+    path = Path(path)
+    manifest = read_manifest(path)
+    if manifest["format"] != FORMAT_V2:
+        raise IndexFolderError(f"{path} is a {manifest['format']} index; --add needs a compressed "
+                               f"({FORMAT_V2}) index (rebuild it)")
+    check_model(manifest, encoder, path)
+    store = Store(path, manifest)
+    if not passages:
+        raise IndexFolderError("no passages to add")
+    if sentences is not None and len(sentences) != len(passages):
+        raise ValueError(f"sentences: {len(sentences)} lists for {len(passages)} passages")
+    known = set(store.ids())
+    clash = [p.id for p in passages if p.id in known]
+    if clash:
+        raise IndexFolderError(f"passage ids already in {path}: {clash[:5]}")
+    files = {k: v for k, v in manifest["files"].items()}
+    out = _Appender(path, {k: files[k] for k in APPEND_FILES})
+    writer = _ChunkWriter(out, store.codec, len(store))
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(passages), desc="adding", unit="psg", disable=None)
+    try:
+        for lo, part, enc in _encode_chunks(encoder, passages, chunk_passages, batch_size, {}, bar):
+            writer.write(part, enc, None if sentences is None else sentences[lo:lo + len(part)])
+    finally:
+        out.close()
+        if bar is not None:
+            bar.close()
+    files.update(out.files)
+    generation = int(manifest["generation"]) + 1
+    ivf = merge_ivf(store.ivf, np.concatenate(writer.pairs), store.codec.num_centroids)
+    old = [name for name in files if name.startswith(f"ivf-{generation - 1}.")]
+    for name in old:
+        files.pop(name)
+    _ivf_files(path, ivf, generation, files)
+    new = {**manifest, "generation": generation, "num_passages": writer.next_pid,
+           "num_tokens": manifest["num_tokens"] + writer.tokens,
+           "num_sentences": manifest["num_sentences"] + writer.sentences, "files": files,
+           "has_spans": bool(manifest.get("has_spans")) or writer.has_spans,
+           "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    write_manifest(path, new)
+    # Readers of the previous generation may still map its inverted file: keep it, drop older ones.
+    for stale in path.glob("ivf-*.bin"):
+        if int(stale.name.split("-")[1].split(".")[0]) < generation - 1:
+            stale.unlink(missing_ok=True)
+    return new
+
+
+def verify_crc(path: str | Path) -> None:
+    """Checksum every file of a compressed index (also the large ones ``open`` only sizes)."""
+    manifest = read_manifest(path)
+    check_files(Path(path), manifest.get("files", {}), verify=True)
+
+
+__all__ = ["Store", "build_compressed", "add_passages", "train_codec", "verify_crc", "crc32_file"]

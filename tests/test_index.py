@@ -1,0 +1,314 @@
+"""Compressed index (agrame-index/2): codec, inverted file, staged search, integrity, --add."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agrame.corpus import EncodedCorpus, Passage
+from agrame.encoder import EncodedPassage
+from agrame.index import Index, IndexFolderError, ResidualCodec, add_passages, build_index, num_centroids
+from agrame.index.codec import pack_bits, unpack_bits
+from agrame.index.format import check_model, index_model_name
+from agrame.index.ivf import build_ivf, merge_ivf, unique_pairs
+from agrame.index.store import build_compressed
+from agrame.ranker import Ranker
+
+TEXTS = [
+    "Coral reefs are built by polyps. Warm water causes coral bleaching. Reefs protect coasts.",
+    "The Great Barrier Reef lies off Queensland. It is visible from space.",
+    "Bleaching happens when corals expel their algae. Recovery can take years.",
+    "Tourism brings money to reef towns. Boats can damage coral.",
+    "Marie Curie was born in Warsaw. She won two Nobel prizes.",
+    "The Eiffel Tower is in Paris. It was built for the 1889 World's Fair.",
+]
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+# -- codec ---------------------------------------------------------------------------------
+
+@given(nbits=st.sampled_from([1, 2, 4, 8]), rows=st.integers(0, 5), seed=st.integers(0, 10_000))
+def test_pack_unpack_round_trip(nbits, rows, seed):
+    buckets = np.random.default_rng(seed).integers(0, 1 << nbits, size=(rows, 16))
+    packed = pack_bits(buckets, nbits)
+    assert packed.shape == (rows, 16 * nbits // 8) and packed.dtype == np.uint8
+    assert (unpack_bits(packed, nbits, 16) == buckets).all()
+
+
+def test_num_centroids_follows_colbertv2():
+    assert num_centroids(4_400_000) == 32768  # 16·√T = 33,560 → 2^15
+    assert num_centroids(100_000_000) == 131072
+    assert num_centroids(1) == 16
+
+
+@settings(max_examples=20, deadline=None)
+@given(nbits=st.sampled_from([1, 2, 4, 8]), seed=st.integers(0, 1000))
+def test_codec_round_trip_within_bucket_bound(nbits, seed):
+    rng = np.random.default_rng(seed)
+    centers = _unit(rng.normal(size=(8, 16)))
+    x = _unit(centers[rng.integers(0, 8, 600)] + 0.3 * rng.normal(size=(600, 16))).astype(np.float32)
+    codec = ResidualCodec.train(x, 8, nbits, niter=4, seed=seed)
+    codes, packed = codec.compress(x)
+    raw = codec.decompress(codes, packed, normalize=False)
+    residual = x - codec.centroids.astype(np.float32)[codes.astype(np.int64)]
+    error = np.abs(raw - codec.centroids.astype(np.float32)[codes.astype(np.int64)] - residual)
+    bucket = np.searchsorted(codec.cutoffs, residual, side="right")
+    # Reconstruction values lie inside their buckets, so an interior value is off by at most
+    # its bucket's width, an outer one by its distance to the nearest cut-off plus that width.
+    edges = np.concatenate([[-np.inf], codec.cutoffs, [np.inf]])
+    assert (codec.weights >= edges[:-1] - 1e-6).all() and (codec.weights <= edges[1:] + 1e-6).all()
+    lo = np.where(np.isfinite(edges[bucket]), edges[bucket], codec.weights[bucket])
+    hi = np.where(np.isfinite(edges[bucket + 1]), edges[bucket + 1], codec.weights[bucket])
+    bound = np.maximum(hi, residual) - np.minimum(lo, residual)
+    assert (error <= bound + 1e-5).all()
+    unit = codec.decompress(codes, packed)
+    assert np.allclose(np.linalg.norm(unit, axis=1), 1, atol=1e-5)
+
+
+def test_more_bits_reconstruct_better():
+    rng = np.random.default_rng(0)
+    x = _unit(rng.normal(size=(2000, 32))).astype(np.float32)
+    cos = []
+    for nbits in (1, 2, 4, 8):
+        codec = ResidualCodec.train(x, 64, nbits, niter=4)
+        cos.append(float((codec.decompress(*codec.compress(x)) * x).sum(1).mean()))
+    assert cos == sorted(cos) and cos[-1] > 0.999 and cos[1] > 0.85
+
+
+def test_codec_rejects_bad_input():
+    codec = ResidualCodec(np.eye(4, dtype=np.float16), [0.0], [-0.1, 0.1], 1)
+    with pytest.raises(ValueError, match="expected"):
+        codec.compress(np.zeros((2, 3), dtype=np.float32))
+    with pytest.raises(ValueError, match="nbits"):
+        ResidualCodec(np.eye(4), [0.0], [-0.1, 0.1], 3)
+
+
+# -- inverted file -------------------------------------------------------------------------
+
+@given(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 30)), max_size=60), st.integers(0, 30))
+def test_ivf_matches_naive_lists_and_merge(pairs, split):
+    codes = np.array([c for c, _ in pairs], dtype=np.int64)
+    pids = np.array([p for _, p in pairs], dtype=np.int64)
+    ivf = build_ivf(unique_pairs(codes, pids), 8)
+    for c in range(8):
+        assert ivf.pids[ivf.offsets[c]:ivf.offsets[c + 1]].tolist() == sorted({p for cc, p in pairs if cc == c})
+    first = pids < split
+    merged = merge_ivf(build_ivf(unique_pairs(codes[first], pids[first]), 8),
+                       unique_pairs(codes[~first], pids[~first]), 8)
+    assert merged.offsets.tolist() == ivf.offsets.tolist() and merged.pids.tolist() == ivf.pids.tolist()
+
+
+# -- search ----------------------------------------------------------------------------------
+
+def _synthetic(seed: int, passages: int = 120, dim: int = 16, clusters: int = 24):
+    """Passages of clustered unit token vectors, without a model."""
+    rng = np.random.default_rng(seed)
+    centers = _unit(rng.normal(size=(clusters, dim)))
+    items, encoded = [], []
+    for p in range(passages):
+        n = int(rng.integers(4, 12))
+        topic = rng.integers(0, clusters, 3)
+        vecs = _unit(centers[rng.choice(topic, n)] + 0.25 * rng.normal(size=(n, dim))).astype(np.float32)
+        words = [f"w{p}x{i}" for i in range(n)]
+        text = " ".join(words)
+        starts = np.cumsum([0] + [len(w) + 1 for w in words[:-1]])
+        offsets = np.stack([starts, starts + [len(w) for w in words]], axis=1)
+        items.append(Passage(f"p{p}", text))
+        encoded.append(EncodedPassage(torch.from_numpy(vecs), torch.from_numpy(offsets.astype(np.int64))))
+    return items, EncodedCorpus.build(items, encoded), rng
+
+
+def test_full_probe_equals_exhaustive_scan(tmp_path, tiny_encoder):
+    items, corpus, rng = _synthetic(0)
+    build_compressed(tiny_encoder, items, tmp_path / "ix", encoded=corpus, progress=False)
+    index = Index(tmp_path / "ix", model=tiny_encoder)
+    q = torch.from_numpy(_unit(rng.normal(size=(5, 16))).astype(np.float32))
+    for granularity in ("passage", "sentence"):
+        exact = index.search_vectors(q, q, granularity, top_k=20, exact=True)
+        staged = index.search_vectors(q, q, granularity, top_k=20, nprobe=10_000, ncandidates=10_000)
+        assert [(h.passage_id, h.start, h.score) for h in staged] == [(h.passage_id, h.start, h.score) for h in exact]
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_candidates_recover_exact_top1(tmp_path_factory, tiny_encoder, seed):
+    items, corpus, rng = _synthetic(seed)
+    path = tmp_path_factory.mktemp("ix") / "ix"
+    build_compressed(tiny_encoder, items, path, encoded=corpus, progress=False)
+    index = Index(path, model=tiny_encoder)
+    # A query made of noisy copies of one passage's tokens has a clear best passage.
+    target = int(rng.integers(0, len(items)))
+    tokens = corpus.vectors[corpus.passage_tokens(target)].numpy()
+    q = torch.from_numpy(_unit(tokens[:4] + 0.1 * rng.normal(size=tokens[:4].shape)).astype(np.float32))
+    exact = index.search_vectors(q, q, "passage", top_k=1, exact=True)
+    staged = index.search_vectors(q, q, "passage", top_k=1, nprobe=2, ncandidates=8)
+    assert staged[0].passage_id == exact[0].passage_id
+    assert len(index.candidates(q, 2, 8)) <= 8
+
+
+def test_sentence_search_matches_in_memory_ranker_on_decompressed(tmp_path, tiny_encoder):
+    passages = [Passage(str(i), t) for i, t in enumerate(TEXTS)]
+    build_index(tiny_encoder, passages, tmp_path / "ix", nbits=8, progress=False)
+    index = Index(tmp_path / "ix", model=tiny_encoder)
+    hits = index.search("coral bleaching", "sentence", top_k=None, nprobe=10_000, ncandidates=100)
+    memory = Ranker(tiny_encoder).rank("coral bleaching", passages, "sentence", top_k=None)
+    assert {(h.passage_id, h.start, h.end) for h in hits} == {(h.passage_id, h.start, h.end) for h in memory}
+    # 8-bit residuals: scores within a small quantisation error of float32.
+    by_key = {(h.passage_id, h.start): h.score for h in memory}
+    assert max(abs(h.score - by_key[(h.passage_id, h.start)]) for h in hits) < 0.05
+    for h in hits:
+        assert TEXTS[int(h.passage_id)][h.start:h.end] == h.text
+
+
+def test_span_search_uses_stored_spans(tmp_path, tiny_encoder):
+    passages = [Passage("a", TEXTS[0], ((0, 11), ((12, 19), (33, 43)))), Passage("b", TEXTS[1])]
+    build_index(tiny_encoder, passages, tmp_path / "ix", progress=False)
+    hits = Index(tmp_path / "ix", model=tiny_encoder).search("reef", "span", top_k=None)
+    assert sorted(h.pieces for h in hits) == [((0, 11),), ((12, 19), (33, 43))]
+    build_index(tiny_encoder, passages[1:], tmp_path / "none", progress=False)
+    with pytest.raises(ValueError, match="holds no spans"):
+        Index(tmp_path / "none", model=tiny_encoder).search("reef", "span")
+
+
+def test_version1_folder_still_opens_and_searches(tmp_path, tiny_encoder):
+    passages = [Passage(str(i), t) for i, t in enumerate(TEXTS)]
+    build_index(tiny_encoder, passages, tmp_path / "v1", format=1, progress=False)
+    index = Index(tmp_path / "v1", model=tiny_encoder)
+    assert not index.compressed
+    hits = index.search("coral bleaching", "sentence", top_k=3)
+    memory = Ranker(tiny_encoder).rank("coral bleaching", passages, "sentence", top_k=3)
+    assert [(h.passage_id, h.start) for h in hits] == [(h.passage_id, h.start) for h in memory]
+
+
+# -- integrity ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def small_index(tmp_path, tiny_encoder):
+    path = tmp_path / "ix"
+    build_index(tiny_encoder, [Passage(str(i), t) for i, t in enumerate(TEXTS)], path, progress=False)
+    return path
+
+
+def test_truncated_damaged_and_missing_files_are_refused(small_index, tiny_encoder):
+    Index(small_index, model=tiny_encoder)
+    codes = small_index / "codes.bin"
+    data = codes.read_bytes()
+    codes.write_bytes(data[:-2])
+    with pytest.raises(IndexFolderError, match="codes.bin is truncated"):
+        Index(small_index)
+    codes.write_bytes(data)
+    residuals = small_index / "residuals.bin"
+    damaged = bytearray(residuals.read_bytes())
+    damaged[3] ^= 0xFF
+    residuals.write_bytes(bytes(damaged))
+    with pytest.raises(IndexFolderError, match="residuals.bin does not match its checksum"):
+        Index(small_index)
+    residuals.unlink()
+    with pytest.raises(IndexFolderError, match="residuals.bin is missing"):
+        Index(small_index)
+
+
+def test_bytes_past_the_committed_size_are_an_interrupted_append(small_index, tiny_encoder):
+    with open(small_index / "codes.bin", "ab") as f:
+        f.write(b"\x01\x02")
+    assert len(Index(small_index, model=tiny_encoder)) == len(TEXTS)
+
+
+# -- add ---------------------------------------------------------------------------------------
+
+def test_add_equals_building_all_at_once_with_the_same_centroids(tmp_path, tiny_encoder):
+    passages = [Passage(str(i), t) for i, t in enumerate(TEXTS)]
+    build_index(tiny_encoder, passages[:3], tmp_path / "grown", progress=False)
+    before = Index(tmp_path / "grown", model=tiny_encoder)
+    old_hits = before.search("reef", "passage", top_k=None, nprobe=2, ncandidates=4)
+    manifest = add_passages(tmp_path / "grown", tiny_encoder, passages[3:], progress=False)
+    assert manifest["generation"] == 2 and manifest["num_passages"] == len(TEXTS)
+    build_index(tiny_encoder, passages, tmp_path / "whole", codec=before.store.codec, progress=False)
+    grown, whole = Index(tmp_path / "grown", model=tiny_encoder), Index(tmp_path / "whole", model=tiny_encoder)
+    for granularity in ("passage", "sentence"):
+        for settings_ in ({}, {"nprobe": 1, "ncandidates": 2}, {"exact": True}):
+            a = grown.search("coral reef bleaching", granularity, top_k=None, **settings_)
+            b = whole.search("coral reef bleaching", granularity, top_k=None, **settings_)
+            assert [(h.passage_id, h.start, h.score) for h in a] == [(h.passage_id, h.start, h.score) for h in b]
+    # A reader of the old generation keeps it until it reloads.
+    assert before.search("reef", "passage", top_k=None, nprobe=2, ncandidates=4) == old_hits
+    assert before.reload() and len(before) == len(TEXTS)
+    with pytest.raises(IndexFolderError, match="already in"):
+        add_passages(tmp_path / "grown", tiny_encoder, passages[:1], progress=False)
+
+
+def test_interrupted_add_leaves_the_last_generation(tmp_path, tiny_encoder, monkeypatch):
+    passages = [Passage(str(i), t) for i, t in enumerate(TEXTS)]
+    path = tmp_path / "ix"
+    build_index(tiny_encoder, passages[:3], path, progress=False)
+    import agrame.index.store as store
+
+    calls = {"n": 0}
+    real = store._ChunkWriter.write
+
+    def failing(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(store._ChunkWriter, "write", failing)
+    with pytest.raises(KeyboardInterrupt):
+        add_passages(path, tiny_encoder, passages[3:], chunk_passages=1, progress=False)
+    monkeypatch.setattr(store._ChunkWriter, "write", real)
+    assert len(Index(path, model=tiny_encoder)) == 3  # the appended bytes are not committed
+    add_passages(path, tiny_encoder, passages[3:], progress=False)
+    index = Index(path, model=tiny_encoder, verify=True)
+    assert len(index) == len(TEXTS)
+    assert [r["id"] for r in map(index.store.record, range(len(TEXTS)))] == [p.id for p in passages]
+
+
+def test_interrupted_build_leaves_nothing(tmp_path, tiny_encoder, monkeypatch):
+    import agrame.index.store as store
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(store, "build_ivf", boom)
+    with pytest.raises(RuntimeError):
+        build_index(tiny_encoder, [Passage(str(i), t) for i, t in enumerate(TEXTS)], tmp_path / "ix", progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- model agreement -----------------------------------------------------------------------------
+
+def test_model_names_that_load_again(small_index, tiny_encoder, make_tiny_encoder):
+    manifest = json.loads((small_index / "manifest.json").read_text())
+    assert index_model_name({"model": {"source": "zero-shot:all-MiniLM-L6-v2"}}) == "zero-shot"
+    assert index_model_name({"model": {"source": "default:agrame-minilm"}}) == "default"
+    zero_shot = {**manifest, "model": {**manifest["model"], "name": "zero-shot"}}
+    with pytest.raises(IndexFolderError, match="search it with --model zero-shot$"):
+        check_model(zero_shot, make_tiny_encoder(seed=3), small_index)
+    default = {**manifest, "model": {**manifest["model"], "name": "default"}}
+    with pytest.raises(IndexFolderError, match="without --model"):
+        check_model(default, make_tiny_encoder(seed=3), small_index)
+
+
+def test_size_per_token(small_index):
+    manifest = json.loads((small_index / "manifest.json").read_text())
+    files = manifest["files"]
+    per_token = (files["codes.bin"]["size"] + files["residuals.bin"]["size"] + files["tokens.bin"]["size"]) \
+        / manifest["num_tokens"]
+    assert per_token == 2 + 16 * 2 / 8 + 6  # uint16 id, 2-bit residual of 16 dims, offsets
+
+
+def test_overwrite_and_exists(small_index, tiny_encoder):
+    with pytest.raises(IndexFolderError, match="already exists"):
+        build_index(tiny_encoder, [Passage("x", "text")], small_index, progress=False)
+    build_index(tiny_encoder, [Passage("x", "text here")], small_index, overwrite=True, progress=False)
+    assert len(Index(small_index, model=tiny_encoder)) == 1
+    shutil.rmtree(small_index)
