@@ -120,18 +120,25 @@ class Ranker:
         return table
 
 
-def rank_corpus(
+class CorpusScores(NamedTuple):
+    """Every score of one exhaustive pass: passages, sentences (``sentence`` granularity) and
+    ``(passage, pieces, S')`` triples (``span`` granularity)."""
+
+    passage: torch.Tensor  # [N] S(q,p)
+    sentence: Optional[torch.Tensor]  # [S] S'(q,s), or None
+    spans: List[Tuple[int, Tuple[Tuple[int, int], ...], float]]
+
+
+def score_corpus(
     q_vecs: torch.Tensor,
     s_vecs: Optional[torch.Tensor],
     corpus: EncodedCorpus,
     granularity: str,
     *,
-    alpha: float,
-    top_k: Optional[int],
     span_table: Optional[Dict[int, List[Tuple[Tuple[int, int], ...]]]] = None,
     chunk_tokens: int = CHUNK_TOKENS,
-) -> List[ScoredSpan]:
-    """Exact scoring of a (possibly memory-mapped) corpus in token chunks, then top-k.
+) -> CorpusScores:
+    """Exact scores of a (possibly memory-mapped) corpus, token chunk by token chunk.
 
     ``q_vecs`` is the ``[Q]`` query, ``s_vecs`` the sub-unit query (``[Q']`` or the same
     tensor object as ``q_vecs``, in which case one similarity matrix serves both).
@@ -170,6 +177,23 @@ def rank_corpus(
                                      "no scorable token (only punctuation or whitespace)")
                 scores = scoring.span_maxsim(s_sim[:, sl.start - t_lo:sl.stop - t_lo], mask)
                 span_results.extend((p, span, float(s)) for span, s in zip(span_table[p], scores))
+    return CorpusScores(passage_scores, sentence_scores, span_results)
+
+
+def rank_corpus(
+    q_vecs: torch.Tensor,
+    s_vecs: Optional[torch.Tensor],
+    corpus: EncodedCorpus,
+    granularity: str,
+    *,
+    alpha: float,
+    top_k: Optional[int],
+    span_table: Optional[Dict[int, List[Tuple[Tuple[int, int], ...]]]] = None,
+    chunk_tokens: int = CHUNK_TOKENS,
+) -> List[ScoredSpan]:
+    """Exact scoring of a corpus (:func:`score_corpus`), then the top-k units as ``ScoredSpan``s."""
+    passage_scores, sentence_scores, span_results = score_corpus(
+        q_vecs, s_vecs, corpus, granularity, span_table=span_table, chunk_tokens=chunk_tokens)
     if granularity == "passage":
         order = _top(passage_scores, top_k)
         return [ScoredSpan(corpus.ids[p], 0, len(corpus.texts[p]), float(passage_scores[p]),

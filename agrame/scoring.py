@@ -68,9 +68,13 @@ def segment_max(sim: torch.Tensor, segment_ids: torch.Tensor, num_segments: int)
     """
     segment_ids = segment_ids.long()
     inside = segment_ids >= 0
-    ids = segment_ids[inside].unsqueeze(0).expand(sim.shape[0], -1)
+    if bool(inside.all()):  # passages: every token has one; skip two copies of sim
+        ids, values = segment_ids, sim
+    else:
+        ids, values = segment_ids[inside], sim[:, inside]
+    ids = ids.unsqueeze(0).expand(sim.shape[0], -1)
     out = torch.full((sim.shape[0], num_segments), NEG_INF, dtype=sim.dtype, device=sim.device)
-    return out.scatter_reduce(1, ids, sim[:, inside], reduce="amax", include_self=True)
+    return out.scatter_reduce(1, ids, values, reduce="amax", include_self=True)
 
 
 def segment_maxsim(

@@ -58,7 +58,7 @@ def test_codec_round_trip_within_bucket_bound(nbits, seed):
     x = _unit(centers[rng.integers(0, 8, 600)] + 0.3 * rng.normal(size=(600, 16))).astype(np.float32)
     codec = ResidualCodec.train(x, 8, nbits, niter=4, seed=seed)
     codes, packed = codec.compress(x)
-    raw = codec.decompress(codes, packed, normalize=False)
+    raw = codec.decompress(codes, packed, normalize=False).numpy()
     residual = x - codec.centroids.astype(np.float32)[codes.astype(np.int64)]
     error = np.abs(raw - codec.centroids.astype(np.float32)[codes.astype(np.int64)] - residual)
     bucket = np.searchsorted(codec.cutoffs, residual, side="right")
@@ -70,7 +70,7 @@ def test_codec_round_trip_within_bucket_bound(nbits, seed):
     hi = np.where(np.isfinite(edges[bucket + 1]), edges[bucket + 1], codec.weights[bucket])
     bound = np.maximum(hi, residual) - np.minimum(lo, residual)
     assert (error <= bound + 1e-5).all()
-    unit = codec.decompress(codes, packed)
+    unit = codec.decompress(codes, packed).numpy()
     assert np.allclose(np.linalg.norm(unit, axis=1), 1, atol=1e-5)
 
 
@@ -80,7 +80,7 @@ def test_more_bits_reconstruct_better():
     cos = []
     for nbits in (1, 2, 4, 8):
         codec = ResidualCodec.train(x, 64, nbits, niter=4)
-        cos.append(float((codec.decompress(*codec.compress(x)) * x).sum(1).mean()))
+        cos.append(float((codec.decompress(*codec.compress(x)).numpy() * x).sum(1).mean()))
     assert cos == sorted(cos) and cos[-1] > 0.999 and cos[1] > 0.85
 
 

@@ -105,3 +105,38 @@ def test_split_sentences_on_a_very_long_passage():
     text = " ".join(f"Sentence number {i} talks about reefs." for i in range(2000))
     spans = check_sentences(text)
     assert len(spans) == 2000
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.lists(st.integers(0, 4), min_size=1, max_size=6),
+                          st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=12)),
+                min_size=1, max_size=5))
+def test_sorted_token_segments_equals_token_segments(passages):
+    """Many passages at once by binary search == the mask rule passage by passage."""
+    from agrame.spans import sorted_token_segments, token_segments
+
+    all_offsets, groups, all_spans, starts, expected = [], [], [], [0], []
+    for g, (length, gaps, toks) in enumerate(passages):
+        spans, at = [], 0
+        for gap in gaps:  # sorted, disjoint spans with gaps
+            s = at + gap
+            e = s + 1 + gap
+            if e > length:
+                break
+            spans.append((s, e))
+            at = e
+        offsets, pos = [], 0
+        for skip, width in toks:  # tokens in order; width 0 = special token
+            s = min(pos + skip, length)
+            e = min(s + width, length)
+            offsets.append((s, e) if width else (0, 0))
+            pos = e
+        off = torch.tensor(offsets, dtype=torch.long).reshape(-1, 2)
+        expected.append(token_segments(off, spans))
+        all_offsets.append(off)
+        groups.append(torch.full((len(offsets),), g, dtype=torch.long))
+        all_spans.extend(spans)
+        starts.append(starts[-1] + len(spans))
+    got = sorted_token_segments(torch.cat(all_offsets), torch.tensor(all_spans, dtype=torch.long).reshape(-1, 2),
+                                torch.cat(groups), torch.tensor(starts))
+    assert got.tolist() == torch.cat(expected).tolist()

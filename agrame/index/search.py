@@ -98,10 +98,13 @@ class Index:
         if not isinstance(query, str) or not query.strip():
             raise ValueError("query is empty")
         self._check(granularity, top_k)
-        ranker = Ranker(self.encoder)
-        q, s = ranker.encode_query(query, granularity)
+        q, s = self.encode_query(query, granularity)
         return self.search_vectors(q, s, granularity, top_k, exact=exact, nprobe=nprobe,
                                    ncandidates=ncandidates, alpha=alpha)
+
+    def encode_query(self, query: str, granularity: str = "sentence"):
+        """``[Q]`` and sub-unit query vectors with the index's model (:meth:`Ranker.encode_query`)."""
+        return Ranker(self.encoder).encode_query(query, granularity)
 
     def _check(self, granularity: str, top_k: Optional[int]) -> None:
         if granularity not in GRANULARITIES:

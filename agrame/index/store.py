@@ -37,7 +37,7 @@ import numpy as np
 from .. import __version__
 from ..corpus import EncodedCorpus, Passage
 from ..encoder import EncodedPassage, Encoder
-from ..spans import normalize_span, split_sentences
+from ..spans import normalize_span, sorted_token_segments, split_sentences
 from .codec import ResidualCodec, num_centroids
 from .format import (FORMAT_V2, MANIFEST, IndexFolderError, check_files, check_model, crc32_file,
                      model_block, read_manifest, write_manifest)
@@ -133,6 +133,9 @@ class _ChunkWriter:
         tokens["length"] = lengths
         doclens = np.array([len(e.offsets) for e in encoded], dtype=np.int32)
         spans = [_passage_sentences(p, None if sentences is None else sentences[i]) for i, p in enumerate(passages)]
+        for p, sp in zip(passages, spans):
+            if any(b[0] < a[1] for a, b in zip(sp, sp[1:])):
+                raise ValueError(f"passage {p.id!r}: sentence spans must be in order and disjoint")
         sentcounts = np.array([len(s) for s in spans], dtype=np.int32)
         flat = np.array([x for s in spans for x in s], dtype=np.int32).reshape(-1, 2)
         pids = np.repeat(np.arange(self.next_pid, self.next_pid + len(passages), dtype=np.int64), doclens)
@@ -227,7 +230,9 @@ def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | 
     """Write an ``agrame-index/2`` folder, streaming: encode a chunk, compress it, append it.
 
     ``codec`` reuses given centroids and buckets (e.g. another index's); ``encoded`` takes
-    vectors already computed for ``passages`` (same order) instead of encoding them.
+    vectors already computed for ``passages`` (same order) instead of encoding them: an
+    :class:`EncodedCorpus`, or any object with ``num_tokens``, ``sample_vectors(n, seed)`` and
+    ``chunks(passages, chunk_passages, bar)`` (see :class:`VectorSource`; e.g. generated vectors).
     """
     path = Path(path)
     if path.exists() and not overwrite:
@@ -242,7 +247,8 @@ def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | 
     tmp.mkdir()
     bar = None
     try:
-        source = _EncodedSource(encoded) if encoded is not None else None
+        source = (None if encoded is None else
+                  VectorSource(encoded) if isinstance(encoded, EncodedCorpus) else encoded)
         if codec is None:
             codec, cached, codec_info = (train_codec_from(source, nbits, seed=seed) if source is not None else
                                          train_codec(encoder, passages, nbits, batch_size=batch_size, seed=seed))
@@ -288,11 +294,19 @@ def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | 
     return path
 
 
-class _EncodedSource:
+class VectorSource:
     """Vectors already encoded (an :class:`EncodedCorpus`, e.g. a version-1 index) as build input."""
 
     def __init__(self, corpus: EncodedCorpus):
         self.corpus = corpus
+
+    @property
+    def num_tokens(self) -> int:
+        return self.corpus.num_tokens
+
+    def sample_vectors(self, n: int, seed: int) -> np.ndarray:
+        rows = np.sort(np.random.default_rng(seed).choice(self.num_tokens, n, replace=False))
+        return np.asarray(self.corpus.vectors[rows], dtype=np.float32)
 
     def passage(self, p: int) -> EncodedPassage:
         import torch
@@ -311,17 +325,15 @@ class _EncodedSource:
             yield lo, part, [self.passage(p) for p in range(lo, lo + len(part))]
 
 
-def train_codec_from(source: _EncodedSource, nbits: int, *, seed: int = 0,
+def train_codec_from(source: "VectorSource", nbits: int, *, seed: int = 0,
                      points_per_centroid: int = POINTS_PER_CENTROID):
-    corpus = source.corpus
-    k = num_centroids(corpus.num_tokens)
-    needed = min(corpus.num_tokens, k * points_per_centroid)
-    rng = np.random.default_rng(seed)
-    rows = np.sort(rng.choice(corpus.num_tokens, needed, replace=False))
-    sample = np.asarray(corpus.vectors[rows], dtype=np.float32)
+    """:func:`train_codec` for vectors already encoded (the token count is known, not estimated)."""
+    k = num_centroids(source.num_tokens)
+    needed = min(source.num_tokens, k * points_per_centroid)
+    sample = source.sample_vectors(needed, seed)
     started = time.perf_counter()
     codec = ResidualCodec.train(sample, k, nbits, niter=KMEANS_NITER, seed=seed)
-    return codec, {}, {"estimated_tokens": corpus.num_tokens, "num_centroids": codec.num_centroids,
+    return codec, {}, {"estimated_tokens": source.num_tokens, "num_centroids": codec.num_centroids,
                        "rule": "2^floor(log2(16·√T))", "kmeans_points": int(needed), "kmeans_niter": KMEANS_NITER,
                        "kmeans_seconds": round(time.perf_counter() - started, 1), "seed": seed}
 
@@ -407,19 +419,23 @@ class Store:
         rows = self.token_rows(pids)
         vectors = self.codec.decompress(self.codes[rows], self.residuals[rows])
         tokens = self.tokens[rows]
-        offsets = np.stack([tokens["start"], tokens["start"] + tokens["length"]], axis=1).astype(np.int64)
-        passages, encoded, sentences = [], [], []
-        at = 0
-        for p in pids.tolist():
-            record = self.record(p)
-            n = int(self.doclens[p])
-            passages.append(Passage(record["id"], record["text"],
-                                    tuple(record["spans"]) if "spans" in record else None))
-            encoded.append(EncodedPassage(torch.from_numpy(vectors[at:at + n]), torch.from_numpy(offsets[at:at + n])))
-            s_lo, s_hi = int(self.sent_starts[p]), int(self.sent_starts[p + 1])
-            sentences.append([tuple(s) for s in self.sentences[s_lo:s_hi].tolist()])
-            at += n
-        return EncodedCorpus.build(passages, encoded, sentences)
+        offsets = torch.from_numpy(np.stack([tokens["start"], tokens["start"] + tokens["length"]], axis=1)
+                                   .astype(np.int64))
+        doclens = torch.from_numpy(self.doclens[pids])
+        sent_counts = self.sent_starts[pids + 1] - self.sent_starts[pids]
+        sentences = torch.from_numpy(self.sentences[_ranges(self.sent_starts[pids], sent_counts)].astype(np.int64))
+        span_starts = torch.from_numpy(np.concatenate([[0], np.cumsum(sent_counts)]))
+        token_passage = torch.repeat_interleave(torch.arange(len(pids)), doclens)
+        local = sorted_token_segments(offsets, sentences, token_passage, span_starts)
+        token_sentence = torch.where(local >= 0, local + span_starts[token_passage], local)
+        records = [self.record(p) for p in pids.tolist()]
+        return EncodedCorpus(
+            ids=[r["id"] for r in records], texts=[r["text"] for r in records], vectors=vectors,
+            offsets=offsets, token_passage=token_passage, token_sentence=token_sentence,
+            sentences=sentences.reshape(-1, 2),
+            sentence_passage=torch.repeat_interleave(torch.arange(len(pids)), torch.from_numpy(sent_counts)),
+            passage_starts=torch.cat([torch.zeros(1, dtype=torch.long), doclens.cumsum(0)]),
+            spans={r["id"]: tuple(r["spans"]) for r in records if "spans" in r})
 
     def bytes(self, include_text: bool = False) -> int:
         """Committed bytes of the folder (manifest included; passage text optional)."""

@@ -1,0 +1,474 @@
+"""Full-corpus retrieval with the compressed index: no BM25, the whole pooled corpus (issue 12).
+
+    python -m benchmarks.index_search build --nbits 2 4          # compress the cached pool encodings
+    python -m benchmarks.index_search choose                      # nprobe/ncandidates on SQuAD *train*
+    python -m benchmarks.index_search run --dataset squad-dev --first-stage agrame --nbits 2
+    python -m benchmarks.index_search run --dataset nq-oracle --first-stage exact
+    python -m benchmarks.index_search latency --nbits 2           # ms per query, 2 threads
+    python -m benchmarks.index_search scale --tokens 10000000     # synthetic clustered tokens
+
+``--first-stage agrame`` searches the compressed index (passages: top 100; sentences: top 5
+over the survivors); ``exact`` scans every float16 token vector of the pool (the reference);
+BM25 top-100 + re-rank rows come from ``benchmarks.open_domain``. Metrics and gold as in
+``benchmarks.open_domain``; passage R@100 is over the whole pool. The pool's token vectors come
+from ``benchmarks.encodings`` (cached), so every row here uses the same vectors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from agrame.corpus import EncodedCorpus, Passage
+from agrame.encoder import load_encoder
+from agrame.index import Index
+from agrame.index.search import SearchSettings
+from agrame.index.store import build_compressed
+from agrame.ranker import _top, score_corpus
+from agrame import scoring
+
+from .common import command_line, sample, squad_paragraphs, write_result
+from .data import Pool, load_pool, load_questions, squad_id
+from .encodings import MultiVectorCache, _hash, cache_root, pool_sentences
+from .metrics import summarize
+from .open_domain import judge
+from .rerank import Harness
+
+PASSAGE_K = 100
+SENTENCE_K = 5
+CHOOSE_GRID = {"nprobe": (1, 2, 4, 8), "ncandidates": (128, 256, 512, 1024)}
+
+
+class PoolVectors:
+    """The pool's cached multi-vector encodings (``benchmarks.encodings``) as one corpus."""
+
+    def __init__(self, model: Optional[str] = None):
+        self.encoder = load_encoder(model)
+        self.pool = load_pool()
+        self.spans = pool_sentences(self.pool)
+        self.cache = MultiVectorCache(self.encoder, self.pool.texts, "colbert-pool", self.spans)
+        self._corpus: Optional[EncodedCorpus] = None
+
+    def corpus(self, float32: bool = False) -> EncodedCorpus:
+        if self._corpus is None:
+            self.cache.ensure()
+            corpus = EncodedCorpus.concat(self.cache._shards)
+            corpus.ids = [str(i) for i in range(len(corpus))]
+            self._corpus = corpus
+        if float32 and self._corpus.vectors.dtype != torch.float32:
+            self._corpus.vectors = self._corpus.vectors.float()
+        return self._corpus
+
+    def index_path(self, nbits: int) -> Path:
+        return cache_root() / f"index-pool-{self.encoder.fingerprint()[:12]}-{_hash(self.pool.texts)}-{nbits}b"
+
+
+def build(vectors: PoolVectors, nbits: int, overwrite: bool = False) -> Tuple[Path, dict]:
+    path = vectors.index_path(nbits)
+    corpus = vectors.corpus()
+    passages = [Passage(str(i), t) for i, t in enumerate(vectors.pool.texts)]
+    start = time.perf_counter()
+    if not path.exists() or overwrite:
+        build_compressed(vectors.encoder, passages, path, nbits=nbits, sentences=vectors.spans, encoded=corpus,
+                         overwrite=overwrite)
+    seconds = time.perf_counter() - start
+    return path, {"build_seconds_from_cached_vectors": round(seconds, 1)}
+
+
+def size_report(path: Path, v1_tokens: int, dim: int) -> dict:
+    index = Index(path)
+    store = index.store
+    files = store.manifest["files"]
+    T = store.num_tokens
+    per_file = {name: round(info["size"] / T, 3) for name, info in sorted(files.items())}
+    total = store.bytes(include_text=False)
+    # Version 1: float16 vectors + int32 offsets (8 B) + int32 token→sentence (4 B) per token.
+    v1_per_token = 2 * dim + 12
+    return {"tokens": T, "passages": len(store), "num_centroids": store.codec.num_centroids,
+            "bytes_per_token_text_excluded": round(total / T, 2), "bytes_per_token_by_file": per_file,
+            "index_bytes_text_excluded": total, "index_bytes_with_text": store.bytes(include_text=True),
+            "v1_bytes_per_token": v1_per_token, "v1_bytes_text_excluded_estimate": v1_per_token * v1_tokens,
+            "size_ratio_v1_over_v2": round(v1_per_token / (total / T), 2)}
+
+
+def encode_queries(encoder, texts: Sequence[str], batch: int = 64) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    """``[Q]`` and sub-unit query vectors of every question (one forward batch per chunk)."""
+    marker = encoder.settings.span_query_marker
+    out = []
+    for lo in tqdm(range(0, len(texts), batch), desc="encoding queries", disable=None):
+        chunk = list(texts[lo:lo + batch])
+        if encoder.same_query_encoding(marker, "Q"):
+            qs = encoder.encode_queries(chunk, ("Q",))[0]
+            out.extend((q.vectors, q.vectors) for q in qs)
+        else:
+            qs, ss = encoder.encode_queries(chunk, ("Q", marker))
+            out.extend((q.vectors, s.vectors) for q, s in zip(qs, ss))
+    return out
+
+
+def exact_rankings(q, s, corpus: EncodedCorpus, alpha: float) -> Tuple[List[int], List[int]]:
+    """Top-100 passages and top-5 sentences (global ids) by scanning every token (one pass)."""
+    scores = score_corpus(q, s, corpus, "sentence", chunk_tokens=1 << 18)
+    combined = scoring.combined_score(scores.sentence, scores.passage[corpus.sentence_passage], alpha)
+    return _top(scores.passage, PASSAGE_K), _top(combined, SENTENCE_K)
+
+
+def index_rankings(index: Index, q, s, alpha: float, settings: SearchSettings,
+                   sent_starts: np.ndarray, spans) -> Tuple[List[int], List[int]]:
+    passages = index.search_vectors(q, s, "passage", PASSAGE_K, alpha=alpha, **settings._asdict())
+    sentences = index.search_vectors(q, s, "sentence", SENTENCE_K, alpha=alpha, **settings._asdict())
+    ranked_p = [int(h.passage_id) for h in passages]
+    ranked_s = [int(sent_starts[int(h.passage_id)]) + [a for a, _ in spans[int(h.passage_id)]].index(h.start)
+                for h in sentences]
+    return ranked_p, ranked_s
+
+
+def cmd_run(args) -> None:
+    vectors = PoolVectors(args.model)
+    encoder = vectors.encoder
+    alpha = encoder.settings.alpha if args.alpha is None else args.alpha
+    all_questions = load_questions(args.dataset, vectors.pool)
+    questions = sample(all_questions, args.limit, args.seed)
+    harness = Harness("pool", vectors.pool.texts, vectors.spans)
+    encoded = encode_queries(encoder, [q.text for q in questions])
+    info: Dict = {}
+    if args.first_stage == "exact":
+        corpus = vectors.corpus(float32=True)
+        rank = lambda q, s: exact_rankings(q, s, corpus, alpha)  # noqa: E731
+        info["first_stage"] = "exhaustive exact scan (float16 vectors)"
+    else:
+        path, _ = build(vectors, args.nbits)
+        index = Index(path, model=encoder)
+        settings = SearchSettings(args.nprobe or index.defaults.nprobe, args.ncandidates or index.defaults.ncandidates)
+        rank = lambda q, s: index_rankings(index, q, s, alpha, settings, harness.sent_starts, vectors.spans)  # noqa
+        info.update({"first_stage": f"agrame compressed index, {args.nbits}-bit residuals",
+                     "search": settings._asdict(), "num_centroids": index.store.codec.num_centroids})
+    per_question, rankings = [], {}
+    start = time.perf_counter()
+    for q, (qv, sv) in tqdm(list(zip(questions, encoded)), desc=f"{args.dataset} {args.first_stage}", disable=None):
+        passages, sentences = rank(qv, sv)
+        rankings[q.qid] = {"passages": passages, "sentences": sentences}
+        metrics = judge(args.dataset, harness, q, passages, sentences, passages)
+        metrics["psg_r100"] = metrics.pop("first_stage_r100")
+        per_question.append(metrics)
+    seconds = time.perf_counter() - start
+    name = f"index_search-{args.dataset}-{args.first_stage}" + (f"-{args.nbits}b" if args.first_stage == "agrame" else "")
+    if args.limit:
+        name += f"-s{args.limit}"
+    rankings_file = cache_root() / f"{name}-rankings.json"
+    rankings_file.write_text(json.dumps(rankings))
+    result = {
+        "benchmark": "index_search", "dataset": args.dataset, "model": encoder.source,
+        "fingerprint": encoder.fingerprint()[:12], "alpha": alpha, **info,
+        "sample": {"questions": len(questions), "of": len(all_questions), "seed": args.seed if args.limit else None,
+                   "with_gold_sentence": sum("sent_p1" in m for m in per_question)},
+        "pool_passages": len(vectors.pool), "metrics": summarize(per_question),
+        "ms_per_question_passage_and_sentence_search": round(1000 * seconds / len(questions), 1),
+        "threads": torch.get_num_threads(),
+    }
+    if args.first_stage == "agrame":
+        exact_file = cache_root() / (name.replace(f"agrame-{args.nbits}b", "exact") + "-rankings.json")
+        if exact_file.exists():
+            result["agreement_with_exact"] = agreement(rankings, json.loads(exact_file.read_text()))
+    path = write_result(name, result, args.out, command_line("benchmarks.index_search", ["run", *args.argv]))
+    print(f"{args.dataset} {args.first_stage}: {result['metrics']} → {path}")
+
+
+def agreement(rankings: dict, exact: dict) -> dict:
+    overlap, top1_p, top1_s = [], [], []
+    for qid, r in rankings.items():
+        if qid not in exact:
+            continue
+        e = exact[qid]
+        overlap.append(len(set(r["passages"]) & set(e["passages"])) / max(1, len(e["passages"])))
+        top1_p.append(float(r["passages"][:1] == e["passages"][:1]))
+        top1_s.append(float(r["sentences"][:1] == e["sentences"][:1]))
+    return {"questions": len(overlap), "top100_passage_overlap": round(100 * statistics.fmean(overlap), 2),
+            "same_top1_passage": round(100 * statistics.fmean(top1_p), 2),
+            "same_top1_sentence": round(100 * statistics.fmean(top1_s), 2)}
+
+
+def cmd_build(args) -> None:
+    vectors = PoolVectors(args.model)
+    for nbits in args.nbits:
+        path, timing = build(vectors, nbits, overwrite=args.overwrite)
+        report = {**size_report(path, vectors.corpus().num_tokens, vectors.encoder.dim), **timing,
+                  "codec": json.loads((path / "manifest.json").read_text())["codec"]}
+        out = write_result(f"index_search-size-{nbits}b", {"benchmark": "index_search", "what": "size",
+                                                            "model": vectors.encoder.source, "nbits": nbits,
+                                                            "pool_passages": len(vectors.pool), **report},
+                           None, command_line("benchmarks.index_search", ["build", "--nbits", str(nbits)]))
+        print(f"{nbits} bits: {report['bytes_per_token_text_excluded']} B/token → {out}")
+
+
+def _train_questions(pool: Pool, limit: int, seed: int):
+    """SQuAD *train* questions with their pool paragraph (never a reported split)."""
+    from .data import Question
+
+    out = []
+    for p in squad_paragraphs("train"):
+        gold = pool.alias[squad_id("train", p)]
+        for qa in p["qas"][:1]:
+            out.append(Question(qa["id"], qa["question"], [qa["answer"]], gold, qa["answer_start"]))
+    return sample(out, limit, seed)
+
+
+def cmd_choose(args) -> None:
+    """The defaults: the cheapest setting with ≥ 97% top-100 overlap and the same sentence top-1
+    as the exact scan on ≥ 99% of SQuAD *train* questions."""
+    vectors = PoolVectors(args.model)
+    encoder = vectors.encoder
+    alpha = encoder.settings.alpha
+    questions = _train_questions(vectors.pool, args.limit, args.seed)
+    encoded = encode_queries(encoder, [q.text for q in questions])
+    harness = Harness("pool", vectors.pool.texts, vectors.spans)
+    exact_file = cache_root() / f"choose-exact-{encoder.fingerprint()[:12]}-{args.limit}-{args.seed}.json"
+    if exact_file.exists():
+        exact = json.loads(exact_file.read_text())
+    else:
+        corpus = vectors.corpus(float32=True)
+        exact = {}
+        for q, (qv, sv) in tqdm(list(zip(questions, encoded)), desc="exact", disable=None):
+            p, s = exact_rankings(qv, sv, corpus, alpha)
+            exact[q.qid] = {"passages": p, "sentences": s}
+        exact_file.write_text(json.dumps(exact))
+        vectors._corpus = None
+    path, _ = build(vectors, args.nbits)
+    index = Index(path, model=encoder)
+    rows = []
+    for nprobe in CHOOSE_GRID["nprobe"]:
+        for ncand in CHOOSE_GRID["ncandidates"]:
+            settings = SearchSettings(nprobe, ncand)
+            rankings, times = {}, []
+            for q, (qv, sv) in zip(questions, encoded):
+                t = time.perf_counter()
+                p, s = index_rankings(index, qv, sv, alpha, settings, harness.sent_starts, vectors.spans)
+                times.append(time.perf_counter() - t)
+                rankings[q.qid] = {"passages": p, "sentences": s}
+            row = {**settings._asdict(), **agreement(rankings, exact),
+                   "median_ms_passage_and_sentence": round(1000 * statistics.median(times), 1)}
+            rows.append(row)
+            print(row)
+    ok = [r for r in rows if r["top100_passage_overlap"] >= 97 and r["same_top1_sentence"] >= 99]
+    chosen = min(ok, key=lambda r: r["median_ms_passage_and_sentence"]) if ok else None
+    result = {"benchmark": "index_search", "what": "choose nprobe/ncandidates", "model": encoder.source,
+              "data": f"SQuAD train, {len(questions)} questions (one per paragraph, seed {args.seed})",
+              "nbits": args.nbits, "rule": "cheapest with top-100 overlap ≥ 97% and same sentence top-1 ≥ 99%",
+              "grid": rows, "chosen": chosen}
+    out = write_result(f"index_search-choose-{args.nbits}b", result, None,
+                       command_line("benchmarks.index_search", ["choose", *args.argv]))
+    print(f"chosen: {chosen} → {out}")
+
+
+def cmd_latency(args) -> None:
+    torch.set_num_threads(args.threads)
+    vectors = PoolVectors(args.model)
+    encoder = vectors.encoder
+    path, _ = build(vectors, args.nbits)
+    index = Index(path, model=encoder)
+    questions = sample(load_questions("squad-dev", vectors.pool), args.limit, args.seed)
+    for q in questions[:5]:  # warm-up: page cache, lazy loads
+        index.search(q.text, "sentence", top_k=10)
+    total, search_only = [], []
+    for q in tqdm(questions, desc="latency", disable=None):
+        t0 = time.perf_counter()
+        qv, sv = index.encode_query(q.text, "sentence")
+        t1 = time.perf_counter()
+        index.search_vectors(qv, sv, "sentence", 10)
+        t2 = time.perf_counter()
+        total.append(1000 * (t2 - t0))
+        search_only.append(1000 * (t2 - t1))
+    pct = lambda xs, p: round(float(np.percentile(xs, p)), 1)  # noqa: E731
+    result = {"benchmark": "index_search", "what": "latency", "model": encoder.source, "nbits": args.nbits,
+              "granularity": "sentence", "top_k": 10, "threads": torch.get_num_threads(),
+              "queries": f"squad-dev, {len(questions)} sampled (seed {args.seed})",
+              "search": index.defaults._asdict(), "pool_passages": len(index),
+              "ms_with_query_encoding": {"median": pct(total, 50), "p95": pct(total, 95)},
+              "ms_search_only": {"median": pct(search_only, 50), "p95": pct(search_only, 95)},
+              "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+    out = write_result(f"index_search-latency-{args.nbits}b", result, None,
+                       command_line("benchmarks.index_search", ["latency", *args.argv]))
+    print(result, "→", out)
+
+
+class SyntheticSource:
+    """Clustered unit token vectors generated chunk by chunk (seeded), as an index build input.
+
+    4,096 topic directions; each passage draws its tokens around 3 topics (noise σ = 0.08 per
+    dimension, ‖noise‖ ≈ 0.9: tokens of one topic have cosine ≈ 0.55, like real contextual
+    token vectors, not tight clusters); 60–200 tokens per passage; one sentence per passage.
+    """
+
+    topics = 4096
+
+    def __init__(self, num_tokens: int, dim: int = 128, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.dim, self.seed = dim, seed
+        self.centers = _unit(rng.normal(size=(self.topics, dim))).astype(np.float32)
+        lengths = []
+        total = 0
+        while total < num_tokens:
+            n = int(rng.integers(60, 201))
+            lengths.append(n)
+            total += n
+        self.lengths = np.array(lengths, dtype=np.int64)
+        self.num_tokens = int(total)
+
+    def passages(self) -> List[Passage]:
+        # Text is excluded from the size targets; a word per token keeps offsets valid.
+        return [Passage(str(i), "x " * int(n)) for i, n in enumerate(self.lengths)]
+
+    def sentences(self) -> List[List[Tuple[int, int]]]:
+        return [[(0, 2 * int(n) - 1)] for n in self.lengths]
+
+    def vectors(self, lo: int, hi: int) -> List[np.ndarray]:
+        rng = np.random.default_rng([self.seed, lo])
+        out = []
+        for n in self.lengths[lo:hi]:
+            topics = rng.integers(0, self.topics, 3)
+            v = self.centers[rng.choice(topics, int(n))] + 0.08 * rng.normal(size=(int(n), self.dim)).astype(np.float32)
+            out.append(_unit(v).astype(np.float32))
+        return out
+
+    def sample_vectors(self, n: int, seed: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        picks = np.sort(rng.choice(len(self.lengths), min(len(self.lengths), n // 60 + 1), replace=False))
+        rows = np.concatenate([self.vectors(int(p), int(p) + 1)[0] for p in picks])
+        return rows[rng.choice(len(rows), min(n, len(rows)), replace=False)]
+
+    def chunks(self, passages, chunk, bar):
+        from agrame.encoder import EncodedPassage
+
+        for lo in range(0, len(passages), chunk):
+            part = list(passages[lo:lo + chunk])
+            encoded = []
+            for v in self.vectors(lo, lo + len(part)):
+                n = len(v)
+                offsets = np.stack([2 * np.arange(n), 2 * np.arange(n) + 1], axis=1)
+                encoded.append(EncodedPassage(torch.from_numpy(v), torch.from_numpy(offsets)))
+            if bar is not None:
+                bar.update(len(part))
+            yield lo, part, encoded
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def cmd_scale(args) -> None:
+    """Build an index of synthetic tokens, then time searches in a fresh process (its own peak memory)."""
+    import subprocess
+    import sys
+
+    tokens = int(args.tokens)
+    path = cache_root() / f"index-synthetic-{tokens}-{args.nbits}b"
+    if args.search_only:
+        torch.set_num_threads(args.threads)
+        index = Index(path, model=None)
+        source = SyntheticSource(tokens, seed=args.seed)
+        rng = np.random.default_rng(1)
+        times = []
+        for i in range(args.queries + 5):
+            p = int(rng.integers(0, len(source.lengths)))
+            v = source.vectors(p, p + 1)[0][:32]
+            q = torch.from_numpy(_unit(v + 0.05 * rng.normal(size=v.shape)).astype(np.float32))
+            t = time.perf_counter()
+            index.search_vectors(q, q, "sentence", 10, alpha=0.5)
+            if i >= 5:
+                times.append(1000 * (time.perf_counter() - t))
+        print(json.dumps({"median_ms": round(statistics.median(times), 1),
+                          "p95_ms": round(float(np.percentile(times, 95)), 1),
+                          "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
+        return
+    source = SyntheticSource(tokens, seed=args.seed)
+    start = time.perf_counter()
+    if not path.exists():
+        build_compressed(_SyntheticModel(), source.passages(), path, nbits=args.nbits, sentences=source.sentences(),
+                         encoded=source, chunk_passages=2048)
+    build_seconds = time.perf_counter() - start
+    build_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    manifest = json.loads((path / "manifest.json").read_text())
+    store_bytes = Index(path).store.bytes(include_text=False)
+    search = subprocess.run([sys.executable, "-m", "benchmarks.index_search", "scale", "--search-only",
+                             "--tokens", str(tokens), "--nbits", str(args.nbits), "--threads", str(args.threads),
+                             "--queries", str(args.queries), "--seed", str(args.seed)],
+                            check=True, capture_output=True, text=True)
+    timing = json.loads(search.stdout.strip().splitlines()[-1])
+    result = {"benchmark": "index_search", "what": "scale (synthetic clustered token vectors)",
+              "generator": SyntheticSource.__doc__.split("\n\n")[1].strip(), "tokens": manifest["num_tokens"],
+              "passages": manifest["num_passages"], "dim": 128, "nbits": args.nbits,
+              "num_centroids": manifest["num_centroids"], "codec": manifest["codec"],
+              "build_seconds": round(build_seconds, 1) if build_seconds > 5 else "reused",
+              "build_peak_rss_mb": round(build_rss), "disk_bytes_text_excluded": store_bytes,
+              "disk_gb_text_excluded": round(store_bytes / 1e9, 3),
+              "bytes_per_token": round(store_bytes / manifest["num_tokens"], 2),
+              "search": {"granularity": "sentence", "top_k": 10, "threads": args.threads,
+                         "queries": args.queries, **SearchSettings()._asdict(), **timing}}
+    out = write_result(f"index_search-scale-{tokens}-{args.nbits}b", result, None,
+                       command_line("benchmarks.index_search", ["scale", *args.argv]))
+    print(result, "→", out)
+
+
+class _SyntheticModel:
+    """What an index records of its model, for vectors that no model made."""
+
+    source = "synthetic"
+
+    def __init__(self):
+        from agrame.encoder import EncoderSettings
+
+        self.settings = EncoderSettings(dim=128)
+
+    def fingerprint(self) -> str:
+        return "synthetic"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="compress the cached pool encodings and report sizes")
+    b.add_argument("--nbits", type=int, nargs="+", default=[2, 4])
+    b.add_argument("--overwrite", action="store_true")
+    r = sub.add_parser("run", help="full-corpus retrieval metrics")
+    r.add_argument("--dataset", required=True, choices=("squad-dev", "nq-oracle"))
+    r.add_argument("--first-stage", required=True, choices=("agrame", "exact"))
+    r.add_argument("--nbits", type=int, default=2)
+    r.add_argument("--nprobe", type=int, default=None)
+    r.add_argument("--ncandidates", type=int, default=None)
+    r.add_argument("--limit", type=int, default=None)
+    r.add_argument("--alpha", type=float, default=None)
+    r.add_argument("--out", default=None)
+    c = sub.add_parser("choose", help="choose nprobe/ncandidates on SQuAD train questions")
+    c.add_argument("--nbits", type=int, default=2)
+    c.add_argument("--limit", type=int, default=300)
+    la = sub.add_parser("latency", help="median/p95 ms per sentence query")
+    la.add_argument("--nbits", type=int, default=2)
+    la.add_argument("--limit", type=int, default=300)
+    la.add_argument("--threads", type=int, default=2)
+    sc = sub.add_parser("scale", help="build and search synthetic indexes of --tokens tokens")
+    sc.add_argument("--tokens", type=float, default=1e7)
+    sc.add_argument("--nbits", type=int, default=2)
+    sc.add_argument("--threads", type=int, default=2)
+    sc.add_argument("--queries", type=int, default=100)
+    sc.add_argument("--search-only", action="store_true", help=argparse.SUPPRESS)
+    for p in (b, r, c, la, sc):
+        p.add_argument("--model", default=None, help="multi-vector model (default: the shipped one)")
+        p.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    args.argv = list(argv if argv is not None else os.sys.argv[2:])
+    {"build": cmd_build, "run": cmd_run, "choose": cmd_choose, "latency": cmd_latency,
+     "scale": cmd_scale}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
