@@ -416,6 +416,96 @@ def render_trained(grouped: Dict[str, List[dict]]) -> str | None:
 
 
 
+def _index_open_domain_rows(open_domain: List[dict], dataset: str) -> List[dict]:
+    """Today's BM25 top-100 + re-rank rows with the same model (full protocol, tag ``shipped``)."""
+    return [r for r in open_domain if r["dataset"] == dataset and r.get("tag") == "shipped"
+            and r.get("first_stage") == "bm25 top-100" and r["method"] == "colbert-zeroshot-psg"
+            and r["sample"]["questions"] == r["sample"]["of"]]
+
+
+def render_index_search(results: List[dict], open_domain: List[dict] | None = None) -> str:
+    out = ["## Full-corpus search with the compressed index (issue 12)", "",
+           "The whole pooled corpus (33,591 passages) searched with no BM25: PLAID-style candidates "
+           "from the compressed index (`agrame-index/2`), exact scores of the survivors; `exact` scans "
+           "every float16 token vector. Passage P@1 / R@100 over the pool, sentence P@1 / R@5 "
+           "(S'(q,s) + α·S(q,p)). *Overlap*: share of the exact top-100 passages that the search "
+           "returns; *same top-1*: questions whose top sentence equals the exact scan's. All rows use "
+           "the same cached token vectors of the shipped model.", ""]
+    runs = [r for r in results if "what" not in r]
+    for dataset in sorted({r["dataset"] for r in runs}):
+        rows = [r for r in runs if r["dataset"] == dataset]
+        rows.sort(key=lambda r: (r["first_stage"] != "exhaustive exact scan (float16 vectors)", r["first_stage"]))
+        out += [f"### {dataset}", "",
+                "| first stage | questions | psg P@1 | psg R@100 | sent P@1 | sent R@5 | top-100 overlap | "
+                "same top-1 sentence |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for r in _index_open_domain_rows(open_domain or [], dataset):
+            m = r["metrics"]
+            out.append(f"| BM25 top-100, re-ranked [{r['tag']}] | {_sample_text(r)} | {_fmt(m['psg_p1'])} "
+                       f"| {_fmt(m['first_stage_r100'])} (BM25) | {_fmt(m.get('sent_p1'))} | {_fmt(m.get('sent_r5'))} "
+                       "| – | – |")
+        for r in rows:
+            m, a = r["metrics"], r.get("agreement_with_exact", {})
+            label = r["first_stage"] + (f", nprobe {r['search']['nprobe']}, ncandidates {r['search']['ncandidates']}"
+                                        if "search" in r else "")
+            out.append(f"| {label} | {_sample_text(r)} | {_fmt(m['psg_p1'])} | {_fmt(m['psg_r100'])} "
+                       f"| {_fmt(m.get('sent_p1'))} | {_fmt(m.get('sent_r5'))} "
+                       f"| {_fmt(a.get('top100_passage_overlap'))} | {_fmt(a.get('same_top1_sentence'))} |")
+        out += ["", _commands(rows + _index_open_domain_rows(open_domain or [], dataset)), ""]
+    sizes = sorted((r for r in results if r.get("what") == "size"), key=lambda r: r["nbits"])
+    if sizes:
+        out += ["### Size", "", "| residual bits | tokens | centroids | bytes/token (text excluded) | of which: "
+                "codes / residuals / token offsets / inverted file / centroids | index MB (text excluded) | "
+                "format-1 bytes/token | ratio | build s (from cached vectors) |",
+                "|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+        for r in sizes:
+            f = r["bytes_per_token_by_file"]
+            ivf = sum(v for k, v in f.items() if k.startswith("ivf-"))
+            parts = " / ".join(f"{v:.2f}" for v in (f["codes.bin"], f["residuals.bin"], f["tokens.bin"], ivf,
+                                                     f["centroids.f16"]))
+            out.append(f"| {r['nbits']} | {r['tokens']:,} | {r['num_centroids']:,} | "
+                       f"{r['bytes_per_token_text_excluded']} | {parts} | {r['index_bytes_text_excluded'] / 1e6:.1f} | "
+                       f"{r['v1_bytes_per_token']} | {r['size_ratio_v1_over_v2']}× | "
+                       f"{r['build_seconds_from_cached_vectors']} |")
+        out += ["", _commands(sizes), ""]
+    latency = [r for r in results if r.get("what") == "latency"]
+    if latency:
+        out += ["### Latency (sentence granularity, top 10)", "",
+                "| residual bits | threads | queries | nprobe / ncandidates | median ms (with query encoding) | "
+                "p95 ms | median ms (search only) | p95 ms | peak RSS MB |", "|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+        for r in latency:
+            t, s = r["ms_with_query_encoding"], r["ms_search_only"]
+            out.append(f"| {r['nbits']} | {r['threads']} | {r['queries']} | {r['search']['nprobe']} / "
+                       f"{r['search']['ncandidates']} | {t['median']} | {t['p95']} | {s['median']} | {s['p95']} | "
+                       f"{r['peak_rss_mb']} |")
+        out += ["", _commands(latency), ""]
+    scale = sorted((r for r in results if str(r.get("what", "")).startswith("scale")), key=lambda r: r["tokens"])
+    if scale:
+        out += ["### Scaling (synthetic clustered token vectors, 128-d)", "", f"Generator: {scale[0]['generator']}", "",
+                "| tokens | passages | centroids | build s | build peak RSS MB | disk GB (text excluded) | bytes/token "
+                "| search median ms | p95 ms | search peak RSS MB |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in scale:
+            s = r["search"]
+            out.append(f"| {r['tokens']:,} | {r['passages']:,} | {r['num_centroids']:,} | {r['build_seconds']} | "
+                       f"{r['build_peak_rss_mb']} | {r['disk_gb_text_excluded']} | {r['bytes_per_token']} | "
+                       f"{s['median_ms']} | {s['p95_ms']} | {s['peak_rss_mb']} |")
+        out += ["", _commands(scale), ""]
+    chosen = [r for r in results if str(r.get("what", "")).startswith("choose")]
+    for r in chosen:
+        out += ["### Choosing nprobe / ncandidates (SQuAD train, never a reported split)", "",
+                f"{r['data']}, {r['nbits']}-bit index. Rule: {r['rule']}.", "",
+                "| nprobe | ncandidates | top-100 overlap | same top-1 passage | same top-1 sentence | "
+                "median ms (passage + sentence search) |", "|---:|---:|---:|---:|---:|---:|"]
+        for g in r["grid"]:
+            mark = " **(chosen)**" if r.get("chosen") == g else ""
+            out.append(f"| {g['nprobe']} | {g['ncandidates']}{mark} | {g['top100_passage_overlap']} | "
+                       f"{g['same_top1_passage']} | {g['same_top1_sentence']} | {g['median_ms_passage_and_sentence']} |")
+        out += ["", _commands([r]), ""]
+    plaid = [r for r in results if r.get("what") == "plaid"]
+    for r in plaid:
+        out += ["### colbert-ai PLAID side by side", "", r["summary"], "", _commands([r]), ""]
+    return "\n".join(out)
+
+
 RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     "open_domain": render_open_domain,
     "cross_domain": render_cross_domain,
@@ -443,7 +533,9 @@ def build(results_dir: Path = RESULTS, chart: Path | None = None) -> str:
     for name, render in RENDERERS.items():
         if grouped.get(name):
             sections.append(render(grouped[name]))
-    unknown = sorted(set(grouped) - set(RENDERERS))
+    if grouped.get("index_search"):
+        sections.append(render_index_search(grouped["index_search"], grouped.get("open_domain", [])))
+    unknown = sorted(set(grouped) - set(RENDERERS) - {"index_search"})
     if unknown:
         raise SystemExit(f"error: no renderer for result kinds {unknown}")
     return "\n\n".join(sections) + "\n"

@@ -31,3 +31,21 @@ def test_trained_table_rows_and_targets():
 
 def test_trained_table_needs_a_trained_model():
     assert render_trained({"open_domain": [_open("colbert-zeroshot-psg", "zeroshot", 77.0, 60.0)]}) is None
+
+
+def test_index_search_section_from_inline_results():
+    from benchmarks.report import render_index_search
+
+    run = {"benchmark": "index_search", "dataset": "nq-oracle", "first_stage": "agrame compressed index, 2-bit residuals",
+           "search": {"nprobe": 4, "ncandidates": 256}, "sample": {"questions": 10, "of": 10, "seed": None},
+           "metrics": {"psg_p1": 50.0, "psg_r100": 90.0, "sent_p1": 40.0, "sent_r5": 70.0},
+           "agreement_with_exact": {"top100_passage_overlap": 98.5, "same_top1_sentence": 99.0},
+           "command": "python -m benchmarks.index_search run", "date": "2026-11-23"}
+    bm25 = {"benchmark": "open_domain", "dataset": "nq-oracle", "method": "colbert-zeroshot-psg", "tag": "shipped",
+            "first_stage": "bm25 top-100", "sample": {"questions": 10, "of": 10, "seed": None},
+            "metrics": {"psg_p1": 49.0, "first_stage_r100": 88.4, "sent_p1": 39.0, "sent_r5": 69.0},
+            "command": "python -m benchmarks.open_domain", "date": "2026-11-23"}
+    text = render_index_search([run], [bm25])
+    assert "| BM25 top-100, re-ranked [shipped] | 10 of 10 | 49.0 | 88.4 (BM25) | 39.0 | 69.0 | – | – |" in text
+    assert ("| agrame compressed index, 2-bit residuals, nprobe 4, ncandidates 256 | 10 of 10 | 50.0 | 90.0 "
+            "| 40.0 | 70.0 | 98.5 | 99.0 |") in text
