@@ -1,4 +1,4 @@
-"""The ``agrame`` command line: ``rank``, ``index``, ``search`` and ``cite``.
+"""The ``agrame`` command line: ``rank``, ``index``, ``search``, ``explain`` and ``cite``.
 
 Usage errors (bad arguments, unreadable or malformed input, a wrong model or index)
 print ``agrame: error: …`` naming the file, line and field, and exit with status 2.
@@ -123,6 +123,31 @@ def build_parser() -> argparse.ArgumentParser:
                         help="centroids probed per query token (default: the index's, see benchmarks/README.md)")
     search.add_argument("--ncandidates", type=_positive_int, default=None,
                         help="passages decompressed and scored exactly (default: the index's)")
+    explain = sub.add_parser(
+        "explain", help="show why a passage ranked: matched tokens, best sentence, every score",
+        description="Encode the passage once and show, for the query, which passage token each query "
+                    "token matched (and how well), every passage token's best similarity, and every "
+                    "sentence's S'(q,s) + α·S(q,p). Terminal: ANSI colours (plain [token] and »sentence« "
+                    "markers when piped); --html writes a self-contained page.",
+        epilog="Examples: agrame explain -q 'What causes coral bleaching?' -p examples/coral.jsonl; "
+               "agrame explain -q 'coral' -i my-index --id doc-7 --html why.html",
+    )
+    explain.add_argument("--query", "-q", required=True, help="the query text")
+    source = explain.add_mutually_exclusive_group(required=True)
+    source.add_argument("--passages", "-p", metavar="FILE", help="passage file (same formats as rank), or -")
+    source.add_argument("--index", "-i", metavar="DIR", help="an index folder (with --id)")
+    explain.add_argument("--id", dest="passage_id", default=None,
+                         help="passage to explain (default: the passage that ranks first)")
+    explain.add_argument("--input-format", choices=FORMATS, default="auto", help="passage file format")
+    explain.add_argument("--alpha", type=_finite_float, default=None, help="α of the combined sentence score")
+    explain.add_argument("--html", metavar="OUT", default=None, help="also write a self-contained HTML page")
+    explain.add_argument("--format", "-f", choices=("text", "json"), default="text",
+                         help="text for reading, json for piping (default: text)")
+    explain.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                         help="ANSI colours: auto = when standard output is a terminal and NO_COLOR is unset")
+    explain.add_argument("--model", "-m", metavar="PATH", default=None,
+                         help="model folder or 'zero-shot'; " + _DEFAULT_MODEL + " (with --index: the index's)")
+
     cite = sub.add_parser(
         "cite", help="add citations to a generated answer from the passages it was written from",
         description="PropCite: split each answer sentence into propositions, score every passage "
@@ -228,6 +253,54 @@ def _cmd_search(args) -> int:
     return 0
 
 
+def _cmd_explain(args) -> int:
+    import os
+
+    from .explain import render_html, render_text
+
+    if not args.query.strip():
+        raise UsageError("--query is empty")
+    if args.index is not None:
+        from .index import Index
+
+        index = Index(args.index, model=args.model)
+        passage_id = args.passage_id
+        if passage_id is None:
+            hits = index.search(args.query, "passage", top_k=1)
+            if not hits:
+                raise UsageError(f"index {args.index}: no passage matches the query")
+            passage_id = hits[0].passage_id
+        explanation = index.explain(args.query, passage_id, alpha=args.alpha)
+    else:
+        passages = read_passages(args.passages, args.input_format)
+        from .ranker import Ranker
+
+        ranker = Ranker(args.model, alpha=args.alpha)
+        corpus = ranker.encode(passages, progress=len(passages) > 64)
+        passage_id = args.passage_id
+        if passage_id is None:
+            passage_id = ranker.rank(args.query, corpus, "passage", top_k=1)[0].passage_id
+        elif passage_id not in corpus.ids:
+            raise UsageError(f"{args.passages}: no passage with id {passage_id!r}")
+        explanation = ranker.explain(args.query, corpus, passage_id=passage_id)
+    if args.html:
+        from pathlib import Path
+
+        out = Path(args.html)
+        tmp = out.with_name(f".{out.name}.tmp")
+        try:
+            tmp.write_text(render_html([explanation]), encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"{out}: cannot write: {exc.strerror}") from None
+        tmp.replace(out)
+    if args.format == "json":
+        sys.stdout.write(json.dumps(explanation.to_json(), ensure_ascii=False) + "\n")
+        return 0
+    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
+    sys.stdout.write(render_text(explanation, color))
+    return 0
+
+
 def _cmd_cite(args) -> int:
     if args.answer == "-" and args.passages == "-":
         raise UsageError("--answer and --passages cannot both read standard input")
@@ -273,7 +346,8 @@ def _cmd_cite(args) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"rank": _cmd_rank, "index": _cmd_index, "search": _cmd_search, "cite": _cmd_cite}
+    handlers = {"rank": _cmd_rank, "index": _cmd_index, "search": _cmd_search, "explain": _cmd_explain,
+                "cite": _cmd_cite}
     try:
         return handlers[args.command](args)
     except ValueError as exc:

@@ -242,6 +242,13 @@ class Encoder(nn.Module):
             row_offsets.append([(0, 0)] * len(prefix) + [tuple(o) for o in offs] + [(0, 0)] * (1 + pad))
         return rows, row_offsets, row_attend
 
+    def query_tokens(self, text: str, marker: Optional[str]) -> List[tuple]:
+        """(wordpiece, start, end) of each scored row of the query encoded with ``marker``
+        (special tokens, markers and [MASK] padding have start == end)."""
+        rows, offsets, _ = self.query_inputs([text], marker)
+        tokens = self.tokenizer.convert_ids_to_tokens(rows[0])
+        return [(tok, int(a), int(b)) for tok, (a, b) in zip(tokens, offsets[0])]
+
     def passage_inputs(self, text: str):
         """Token ids of a passage's first window and, per row position, whether it is scored and
         its character offsets (training encodes one window: SQuAD paragraphs fit in 256)."""

@@ -82,6 +82,29 @@ class Ranker:
         q_vecs, s_vecs = self.encode_query(query, granularity)
         return rank_corpus(q_vecs, s_vecs, corpus, granularity, alpha=alpha, top_k=top_k, span_table=span_table)
 
+    def explain(self, query: str, passage: Union[PassageLike, EncodedCorpus], *, passage_id: Optional[str] = None,
+                alpha: Optional[float] = None):
+        """Why ``passage`` scores what it does for ``query``: each query token's matched passage
+        token and similarity, each passage token's best similarity, every sentence's S'(q,s),
+        S(q,p) and combined score (:class:`agrame.explain.Explanation`).
+
+        ``passage``: text, ``(id, text)``, a :class:`Passage`, or an encoded corpus with
+        ``passage_id`` naming the passage (default: its first).
+        """
+        from .explain import explain_passage
+
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError("query is empty")
+        corpus = passage if isinstance(passage, EncodedCorpus) else self.encode([passage])
+        p = 0
+        if passage_id is not None:
+            if passage_id not in corpus.ids:
+                raise ValueError(f"no passage {passage_id!r} to explain")
+            p = corpus.ids.index(passage_id)
+        q, s = self.encode_query(query, "sentence")
+        tokens = self.encoder.query_tokens(query, "Q")
+        return explain_passage(query, tokens, q, s, corpus, p, self.alpha if alpha is None else float(alpha))
+
     def encode_query(self, query: str, granularity: str = "sentence") -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Query vectors for S(q,p) and for S'(q,s) (None for passages; the same tensor when shared)."""
         if granularity == "passage":

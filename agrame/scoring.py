@@ -45,6 +45,13 @@ def maxsim(
     return _query_sum(sim.amax(dim=-1), query_mask)
 
 
+def token_matches(sim: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of ``sim`` (``[..., Lq, n]``): the maximum :func:`maxsim` sums, and where it lies
+    (the passage token each query token matched) — the explanation of a MaxSim score."""
+    best = sim.max(dim=-1)
+    return best.values, best.indices
+
+
 def span_maxsim(
     sim: torch.Tensor,
     span_mask: torch.Tensor,

@@ -212,3 +212,20 @@ def test_zero_shot_index_searches_without_model_flag(capsys, coral_file, tmp_pat
     code, out, err = run(["search", "-i", idx, "-f", "jsonl", "-k", "1", "What causes coral bleaching?"], capsys)
     assert code == 0, err
     assert len(out.splitlines()) == 1
+
+
+def test_explain_cli(capsys, coral_file, tiny_model_dir, tmp_path):
+    page = tmp_path / "why.html"
+    code, out, _ = run(["explain", "-q", "What causes coral bleaching?", "-p", coral_file, "-m", tiny_model_dir,
+                        "--html", page], capsys)
+    assert code == 0 and "S(q,p)" in out and "»" in out and "\x1b" not in out
+    assert page.read_text().startswith("<!doctype html>")
+    code, out, _ = run(["explain", "-q", "reef", "-p", coral_file, "-m", tiny_model_dir, "--id", "coral-reefs",
+                        "-f", "json"], capsys)
+    assert code == 0 and json.loads(out)["passage_id"] == "coral-reefs"
+    code, _, err = run(["explain", "-q", "reef", "-p", coral_file, "-m", tiny_model_dir, "--id", "nope"], capsys)
+    assert code == 2 and "no passage with id 'nope'" in err
+    idx = tmp_path / "idx"
+    run(["index", "-p", coral_file, "-i", idx, "-m", tiny_model_dir], capsys)
+    code, out, _ = run(["explain", "-q", "reef", "-i", idx, "--color", "always"], capsys)
+    assert code == 0 and "\x1b[" in out

@@ -59,6 +59,7 @@ class Index:
 
     def _open(self, manifest: dict) -> None:
         self.manifest = manifest
+        self._ids: Optional[dict] = None
         self.store: Optional[Store] = None
         self._v1 = None
         if manifest["format"] == FORMAT_V1:
@@ -105,6 +106,20 @@ class Index:
     def encode_query(self, query: str, granularity: str = "sentence"):
         """``[Q]`` and sub-unit query vectors with the index's model (:meth:`Ranker.encode_query`)."""
         return Ranker(self.encoder).encode_query(query, granularity)
+
+    def explain(self, query: str, passage_id: str, alpha: Optional[float] = None):
+        """:meth:`Ranker.explain` for an indexed passage (a search hit's ``passage_id``), scored on
+        the vectors the index holds (decompressed)."""
+        position = self._position(passage_id)
+        corpus = self.store.corpus([position]) if self.store is not None else self._v1.select([position])
+        return Ranker(self.encoder, alpha=alpha).explain(query, corpus)
+
+    def _position(self, passage_id: str) -> int:
+        if self._ids is None:
+            self._ids = {pid: k for k, pid in enumerate(self.store.ids() if self.store is not None else self._v1.ids)}
+        if passage_id not in self._ids:
+            raise ValueError(f"index {self.path} has no passage {passage_id!r}")
+        return self._ids[passage_id]
 
     def _check(self, granularity: str, top_k: Optional[int]) -> None:
         if granularity not in GRANULARITIES:
