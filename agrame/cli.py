@@ -123,6 +123,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="centroids probed per query token (default: the index's, see benchmarks/README.md)")
     search.add_argument("--ncandidates", type=_positive_int, default=None,
                         help="passages decompressed and scored exactly (default: the index's)")
+    serve = sub.add_parser(
+        "serve", help="serve an index over HTTP: search/rank/cite API and a web page (extra: serve)",
+        description="An HTTP API (POST /search, /rank, /cite; GET /health) and a one-page web UI at / "
+                    "over an index folder, opened read-only; an --add or rebuild is picked up between "
+                    "requests. Needs the serve extra: pip install 'agrame[serve]'.",
+        epilog="Example: agrame serve -i my-index, then open http://127.0.0.1:8000/",
+    )
+    serve.add_argument("--index", "-i", metavar="DIR", default=None,
+                       help="index folder (without one, only /rank and /cite are served)")
+    serve.add_argument("--model", "-m", metavar="PATH", default=None,
+                       help="model folder (default: the index's, else " + _DEFAULT_MODEL.split(": ", 1)[1] + ")")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    serve.add_argument("--port", type=_positive_int, default=8000, help="port (default: 8000)")
+
     explain = sub.add_parser(
         "explain", help="show why a passage ranked: matched tokens, best sentence, every score",
         description="Encode the passage once and show, for the query, which passage token each query "
@@ -253,6 +267,19 @@ def _cmd_search(args) -> int:
     return 0
 
 
+def _cmd_serve(args) -> int:
+    try:
+        import uvicorn
+
+        from .serve import create_app
+    except ImportError as exc:
+        raise UsageError(f"agrame serve needs the serve extra (pip install 'agrame[serve]'): {exc}") from None
+    app = create_app(args.index, model=args.model)
+    print(f"serving on http://{args.host}:{args.port}/", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def _cmd_explain(args) -> int:
     import os
 
@@ -346,7 +373,7 @@ def _cmd_cite(args) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"rank": _cmd_rank, "index": _cmd_index, "search": _cmd_search, "explain": _cmd_explain,
+    handlers = {"rank": _cmd_rank, "index": _cmd_index, "search": _cmd_search, "explain": _cmd_explain, "serve": _cmd_serve,
                 "cite": _cmd_cite}
     try:
         return handlers[args.command](args)

@@ -1,0 +1,257 @@
+"""The HTTP API: ``POST /search``, ``POST /rank``, ``POST /cite``, ``GET /health`` and ``GET /``.
+
+Requests never name files: the index folder is fixed when the server starts and opened
+read-only. Each request takes the index generation current when it starts and uses only
+that one, so an ``agrame index --add`` (or a rebuild renamed into place) is picked up
+atomically: a request sees the old index or the new one, never half of each. Errors are
+JSON ``{"error": ...}`` with a 4xx status; request sizes are bounded (:class:`Limits`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Literal, Optional, Union
+
+from pydantic import BaseModel, Field
+
+STATIC = Path(__file__).resolve().parent / "static"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Largest requests served (a 413 names the limit)."""
+
+    max_top_k: int = 100
+    max_passages: int = 100
+    max_passage_chars: int = 20_000
+    max_query_chars: int = 1_000
+    max_answer_chars: int = 5_000
+
+
+class PassageIn(BaseModel):
+    id: Optional[str] = None
+    text: str
+
+
+class SearchRequest(BaseModel):
+    query: str
+    granularity: Literal["passage", "sentence", "span"] = "sentence"
+    top_k: int = Field(10, ge=1)
+    explain: bool = False
+    nprobe: Optional[int] = Field(None, ge=1, le=1024)
+    ncandidates: Optional[int] = Field(None, ge=1, le=8192)
+
+
+class RankRequest(BaseModel):
+    query: str
+    passages: List[Union[str, PassageIn]]
+    granularity: Literal["passage", "sentence"] = "sentence"
+    top_k: int = Field(10, ge=1)
+    explain: bool = False
+
+
+class CiteRequest(BaseModel):
+    answer: str
+    passages: List[Union[str, PassageIn]]
+    margin: Optional[float] = Field(None, ge=0)
+
+
+class _Generation:
+    """One opened index generation with the (stat) key that identifies it on disk."""
+
+    def __init__(self, index, key):
+        self.index, self.key = index, key
+
+
+class IndexHolder:
+    """The current index generation; a newer committed one replaces it between requests."""
+
+    def __init__(self, path: Path, encoder):
+        self.path, self.encoder = path, encoder
+        self._lock = threading.Lock()
+        self._current = self._open()
+        self.reload_error: Optional[str] = None
+
+    def _key(self):
+        manifest = os.stat(self.path / "manifest.json")
+        folder = os.stat(self.path)
+        return (folder.st_ino, manifest.st_ino, manifest.st_mtime_ns, manifest.st_size)
+
+    def _open(self) -> _Generation:
+        from ..index import Index
+
+        key = self._key()
+        return _Generation(Index(self.path, model=self.encoder), key)
+
+    def current(self):
+        """The newest committed generation (checked with two ``stat`` calls per request)."""
+        try:
+            key = self._key()
+        except OSError:  # mid-rename of a rebuilt folder: keep serving the open one
+            return self._current.index
+        if key != self._current.key:
+            with self._lock:
+                if key != self._current.key:
+                    try:
+                        self._current = self._open()
+                        self.reload_error = None
+                    except (ValueError, OSError) as exc:  # e.g. rebuilt with another model
+                        self.reload_error = str(exc)
+                        self._current = _Generation(self._current.index, key)
+        return self._current.index
+
+
+def _passages(items, limits: Limits):
+    from ..corpus import Passage
+
+    if not items:
+        raise _Error(400, "no passages given")
+    if len(items) > limits.max_passages:
+        raise _Error(413, f"{len(items)} passages: at most {limits.max_passages} per request")
+    out = []
+    for i, item in enumerate(items):
+        text = item if isinstance(item, str) else item.text
+        pid = str(i) if isinstance(item, str) or item.id is None else item.id
+        if len(text) > limits.max_passage_chars:
+            raise _Error(413, f"passage {pid!r}: {len(text)} characters, at most {limits.max_passage_chars}")
+        out.append(Passage(pid, text))
+    return out
+
+
+class _Error(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _hit(h, explanation=None) -> dict:
+    out = {"passage_id": h.passage_id, "start": h.start, "end": h.end, "score": h.score,
+           "span_score": h.span_score, "passage_score": h.passage_score, "text": h.text,
+           "pieces": [list(p) for p in h.pieces]}
+    if explanation is not None:
+        e = explanation.to_json()
+        out["passage_text"] = e["text"]
+        out["tokens"] = [[t["start"], t["end"], round(t["similarity"], 4), t["matched"]]
+                         for t in e["passage_tokens"] if t["end"] > t["start"]]
+        out["query_tokens"] = [[t["token"], t["passage_token"], round(t["similarity"], 4)] for t in e["query_tokens"]]
+        best = e["best_sentence"]
+        out["best_sentence"] = None if best is None else [e["sentences"][best]["start"], e["sentences"][best]["end"]]
+    return out
+
+
+def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None, limits: Limits = Limits()):
+    """The FastAPI application over ``index`` (optional: ``/rank`` and ``/cite`` work without one)."""
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import FileResponse, JSONResponse
+
+    from .. import __version__
+    from ..encoder import load_encoder
+    from ..ranker import Ranker
+
+    holder: Optional[IndexHolder] = None
+    if index is not None:
+        from ..index import Index
+
+        opened = Index(index, model=model)
+        holder = IndexHolder(Path(index), opened.encoder)
+        encoder = opened.encoder
+    else:
+        encoder = load_encoder(model)
+    ranker = Ranker(encoder)
+    app = FastAPI(title="AGRaME", version=__version__,
+                  description="Any-granularity ranking: search an index, rank given passages, cite an answer.")
+
+    @app.exception_handler(_Error)
+    async def _error(_: Request, exc: _Error):
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        return JSONResponse({"error": f"{where or 'body'}: {first.get('msg', 'invalid request')}"}, status_code=422)
+
+    @app.exception_handler(ValueError)
+    async def _value(_: Request, exc: ValueError):
+        return JSONResponse({"error": str(exc)}, status_code=400)
+
+    def check_query(query: str, top_k: Optional[int] = None) -> None:
+        if not query.strip():
+            raise _Error(400, "query is empty")
+        if len(query) > limits.max_query_chars:
+            raise _Error(413, f"query of {len(query)} characters, at most {limits.max_query_chars}")
+        if top_k is not None and top_k > limits.max_top_k:
+            raise _Error(413, f"top_k {top_k}: at most {limits.max_top_k}")
+
+    @app.get("/health")
+    def health():
+        out = {"status": "ok", "version": __version__, "model": encoder.source,
+               "fingerprint": encoder.fingerprint()[:12], "limits": limits.__dict__}
+        if holder is not None:
+            idx = holder.current()
+            m = idx.manifest
+            out["index"] = {"name": holder.path.name, "format": m["format"], "generation": m.get("generation", 1),
+                            "passages": m["num_passages"], "tokens": m["num_tokens"],
+                            "sentences": m["num_sentences"], "nbits": m.get("nbits")}
+            if holder.reload_error:
+                out["index"]["reload_error"] = holder.reload_error
+        return out
+
+    @app.post("/search")
+    def search(req: SearchRequest):
+        if holder is None:
+            raise _Error(404, "this server has no index (start it with --index DIR)")
+        check_query(req.query, req.top_k)
+        idx = holder.current()  # one generation for the whole request
+        started = time.perf_counter()
+        hits = idx.search(req.query, req.granularity, top_k=req.top_k, nprobe=req.nprobe,
+                          ncandidates=req.ncandidates)
+        results = []
+        for h in hits:
+            results.append(_hit(h, idx.explain(req.query, h.passage_id) if req.explain else None))
+        return {"query": req.query, "granularity": req.granularity, "generation": idx.manifest.get("generation", 1),
+                "passages": len(idx), "ms": round(1000 * (time.perf_counter() - started), 1), "results": results}
+
+    @app.post("/rank")
+    def rank(req: RankRequest):
+        check_query(req.query, req.top_k)
+        passages = _passages(req.passages, limits)
+        corpus = ranker.encode(passages)
+        hits = ranker.rank(req.query, corpus, req.granularity, top_k=req.top_k)
+        results = [_hit(h, ranker.explain(req.query, corpus, passage_id=h.passage_id) if req.explain else None)
+                   for h in hits]
+        return {"query": req.query, "granularity": req.granularity, "results": results}
+
+    @app.post("/cite")
+    def cite(req: CiteRequest):
+        if not req.answer.strip():
+            raise _Error(400, "answer is empty")
+        if len(req.answer) > limits.max_answer_chars:
+            raise _Error(413, f"answer of {len(req.answer)} characters, at most {limits.max_answer_chars}")
+        passages = _passages(req.passages, limits)
+        from propcite.citer import Citer
+
+        citer = Citer(ranker, margin=req.margin)  # cheap: shares the loaded model
+        result = citer.cite(req.answer, citer.encode(passages))
+        sentences = []
+        for sent in result.sentences:
+            sentences.append({
+                "start": sent.start, "end": sent.end, "text": sent.text,
+                "citations": [passages[c].id for c in sent.citations], "markers": [c + 1 for c in sent.citations],
+                "propositions": [{"text": p.text, "pieces": [list(x) for x in p.pieces],
+                                  "passage": None if p.passage is None else passages[p.passage].id,
+                                  "passage_span": list(p.passage_span), "score": round(p.score, 4)}
+                                 for p in sent.propositions]})
+        return {"text": result.text, "sentences": sentences,
+                "passages": [{"id": p.id, "text": p.text} for p in passages]}
+
+    @app.get("/")
+    def page():
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    return app

@@ -1,0 +1,95 @@
+"""The HTTP API on the tiny model, through FastAPI's test client (no network)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from agrame.corpus import Passage  # noqa: E402
+from agrame.index import add_passages, build_index  # noqa: E402
+from agrame.serve import Limits, create_app  # noqa: E402
+
+TEXTS = ["Coral reefs are built by polyps. Warm water causes coral bleaching.",
+         "The Great Barrier Reef lies off Queensland. It is visible from space.",
+         "Marie Curie was born in Warsaw. She won two Nobel prizes."]
+
+
+@pytest.fixture
+def served(tmp_path, tiny_encoder, tiny_model_dir):
+    path = tmp_path / "ix"
+    build_index(tiny_encoder, [Passage(str(i), t) for i, t in enumerate(TEXTS)], path, progress=False)
+    app = create_app(path, model=str(tiny_model_dir), limits=Limits(max_passages=3, max_top_k=20))
+    return TestClient(app), path
+
+
+def test_health_search_and_page(served):
+    client, _ = served
+    health = client.get("/health").json()
+    assert health["index"]["passages"] == 3 and health["index"]["generation"] == 1
+    r = client.post("/search", json={"query": "coral bleaching", "granularity": "sentence", "top_k": 2,
+                                     "explain": True})
+    assert r.status_code == 200
+    hits = r.json()["results"]
+    assert len(hits) == 2 and hits[0]["score"] >= hits[1]["score"]
+    top = hits[0]
+    assert TEXTS[int(top["passage_id"])][top["start"]:top["end"]] == top["text"]
+    assert top["passage_text"] == TEXTS[int(top["passage_id"])] and top["tokens"] and top["query_tokens"]
+    page = client.get("/")
+    assert page.status_code == 200 and "<title>AGRaME</title>" in page.text
+
+
+def test_rank_and_cite(served):
+    client, _ = served
+    r = client.post("/rank", json={"query": "reef", "passages": [TEXTS[0], {"id": "x", "text": TEXTS[1]}],
+                                   "granularity": "passage", "top_k": 5})
+    assert r.status_code == 200 and {h["passage_id"] for h in r.json()["results"]} == {"0", "x"}
+    r = client.post("/cite", json={"answer": "Marie Curie was born in Warsaw.", "passages": TEXTS})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["sentences"][0]["citations"] and "[" in body["text"]
+
+
+@pytest.mark.parametrize("path, body, status, message", [
+    ("/search", {"query": "  "}, 400, "query is empty"),
+    ("/search", {"query": "reef", "top_k": 50}, 413, "top_k 50"),
+    ("/search", {"query": "reef", "granularity": "word"}, 422, "granularity"),
+    ("/search", {"query": "reef", "granularity": "span"}, 400, "holds no spans"),
+    ("/search", {}, 422, "query"),
+    ("/rank", {"query": "reef", "passages": TEXTS + ["four"]}, 413, "at most 3"),
+    ("/rank", {"query": "reef", "passages": []}, 400, "no passages"),
+    ("/cite", {"answer": "", "passages": TEXTS}, 400, "answer is empty"),
+    ("/cite", {"answer": "x", "passages": TEXTS, "margin": -1}, 422, "margin"),
+])
+def test_errors_are_json_4xx(served, path, body, status, message):
+    client, _ = served
+    r = client.post(path, json=body)
+    assert r.status_code == status and message in r.json()["error"]
+
+
+def test_no_request_names_a_file(served):
+    client, _ = served
+    for path in ("/search", "/rank", "/cite"):
+        r = client.post(path, json={"query": "x", "answer": "x", "passages": ["a"], "index": "/etc", "path": "/etc"})
+        assert "/etc" not in json.dumps(r.json())
+    assert client.get("/static/../../etc/passwd").status_code == 404
+
+
+def test_add_is_picked_up_between_requests(served, tiny_encoder):
+    client, path = served
+    before = client.post("/search", json={"query": "Eiffel Tower Paris", "granularity": "passage", "top_k": 10}).json()
+    assert before["generation"] == 1 and {h["passage_id"] for h in before["results"]} == {"0", "1", "2"}
+    add_passages(path, tiny_encoder, [Passage("eiffel", "The Eiffel Tower is in Paris.")], progress=False)
+    after = client.post("/search", json={"query": "Eiffel Tower Paris", "granularity": "passage", "top_k": 10}).json()
+    assert after["generation"] == 2 and after["passages"] == 4
+    assert "eiffel" in {h["passage_id"] for h in after["results"]}
+    assert client.get("/health").json()["index"]["passages"] == 4
+
+
+def test_server_without_index(tiny_model_dir):
+    client = TestClient(create_app(None, model=str(tiny_model_dir)))
+    assert client.post("/search", json={"query": "x"}).status_code == 404
+    assert client.post("/rank", json={"query": "reef", "passages": TEXTS}).status_code == 200
