@@ -1,0 +1,165 @@
+"""End-to-end check of the web page in a real headless browser (Debian's Chromium).
+
+    python -m benchmarks.browser_check --screenshot docs/serve.png
+
+Builds an index of ``examples/coral.jsonl`` (or uses ``--index``), starts ``agrame serve`` on a
+free loopback port, loads ``/?q=…`` in headless Chromium (the page searches on load), and
+checks in the DOM that the first hit outlines the sentence the API ranks first. With
+``--screenshot`` it also saves a picture of that page. ``tests/test_browser.py`` runs the
+same check with the tiny test model when Chromium is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.parse
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Optional
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--hide-scrollbars"]
+
+
+def find_browser() -> Optional[str]:
+    for name in BROWSERS:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``agrame serve``'s app under uvicorn in a thread, on a free loopback port."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.port = _free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "Server":
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            if time.time() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class _Outlined(HTMLParser):
+    """Text inside the first ``class="best"`` element (nested token spans included)."""
+
+    def __init__(self):
+        super().__init__()
+        self.depth = 0  # > 0 while inside the outline
+        self.text: Optional[str] = None
+        self._parts: list = []
+
+    def handle_starttag(self, tag, attrs):
+        if self.depth:
+            self.depth += 1
+        elif self.text is None and "best" in (dict(attrs).get("class") or "").split():
+            self.depth = 1
+
+    def handle_endtag(self, tag):
+        if self.depth:
+            self.depth -= 1
+            if not self.depth:
+                self.text = "".join(self._parts)
+
+    def handle_data(self, data):
+        if self.depth:
+            self._parts.append(data)
+
+
+def _outlined(fragment: str) -> Optional[str]:
+    parser = _Outlined()
+    parser.feed(fragment)
+    return parser.text
+
+
+def check_page(app, query: str, browser: str, screenshot: Optional[Path] = None) -> dict:
+    """Load the page with ``query`` in the browser; return what the DOM and the API say."""
+    import json
+    import urllib.request
+
+    with Server(app) as server, tempfile.TemporaryDirectory() as profile:
+        request = urllib.request.Request(f"{server.url}/search", method="POST",
+                                         data=json.dumps({"query": query, "granularity": "sentence",
+                                                          "top_k": 3}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        api = json.loads(urllib.request.urlopen(request, timeout=60).read())
+        page = f"{server.url}/?" + urllib.parse.urlencode({"q": query, "g": "sentence", "k": 3})
+        common = FLAGS + [f"--user-data-dir={profile}", "--virtual-time-budget=20000", "--window-size=1100,900"]
+        dom = subprocess.run([browser, *common, "--dump-dom", page], capture_output=True, text=True,
+                             timeout=120).stdout
+        if screenshot is not None:
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run([browser, *common, f"--screenshot={screenshot.resolve()}", page], capture_output=True,
+                           timeout=120, check=True)
+    hits = re.findall(r'<div class="hit" data-rank="(\d+)" data-passage="([^"]*)">(.*?)</details>', dom, re.S)
+    first_best = _outlined(hits[0][2]) if hits else None
+    return {"api_top": api["results"][0] if api["results"] else None, "dom_hits": len(hits),
+            "dom_first_passage": hits[0][1] if hits else None, "dom_first_outlined": first_best,
+            "searched": 'data-state="searched"' in dom}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--index", default=None, help="index folder (default: one built from examples/coral.jsonl)")
+    parser.add_argument("--model", default=None, help="model (default: the index's, else the default model)")
+    parser.add_argument("--query", default="What causes coral bleaching?")
+    parser.add_argument("--screenshot", type=Path, default=None)
+    args = parser.parse_args(argv)
+    browser = find_browser()
+    if browser is None:
+        raise SystemExit("error: no Chromium found (apt-get install chromium)")
+    from agrame.serve import create_app
+
+    with tempfile.TemporaryDirectory() as tmp:
+        index = args.index
+        if index is None:
+            from agrame.encoder import load_encoder
+            from agrame.index import build_index
+            from agrame.io import read_passages
+
+            repo = Path(__file__).resolve().parent.parent
+            index = Path(tmp) / "coral"
+            build_index(load_encoder(args.model), read_passages(str(repo / "examples" / "coral.jsonl")), index,
+                        progress=False)
+        result = check_page(create_app(index, model=args.model), args.query, browser, args.screenshot)
+    ok = result["api_top"] is not None and result["dom_first_outlined"] == result["api_top"]["text"]
+    print(result)
+    print("page check:", "ok" if ok else "FAILED")
+    if not ok:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
