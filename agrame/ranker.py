@@ -174,12 +174,16 @@ def score_corpus(
     for p_lo, p_hi in _chunks(corpus.passage_starts, chunk_tokens):
         t_lo, t_hi = int(corpus.passage_starts[p_lo]), int(corpus.passage_starts[p_hi])
         vecs = _float32(corpus.vectors[t_lo:t_hi])
-        sim = scoring.similarity(q_vecs, vecs)
+        if shared or granularity == "passage":
+            sim = scoring.similarity(q_vecs, vecs)
+        else:  # both queries in one product: the token vectors are read from memory once
+            both = scoring.similarity(torch.cat([q_vecs, s_vecs]), vecs)
+            sim, s_both = both[:q_vecs.shape[0]], both[q_vecs.shape[0]:]
         local_passage = corpus.token_passage[t_lo:t_hi] - p_lo
         passage_scores[p_lo:p_hi] = scoring.segment_maxsim(sim, local_passage, p_hi - p_lo)
         if granularity == "passage":
             continue
-        s_sim = sim if shared else scoring.similarity(s_vecs, vecs)
+        s_sim = sim if shared else s_both
         if granularity == "sentence":
             tok_sent = corpus.token_sentence[t_lo:t_hi]
             inside = tok_sent[tok_sent >= 0]

@@ -40,6 +40,8 @@ class SearchSettings(NamedTuple):
 
     nprobe: int = 4
     ncandidates: int = 256
+    #: A search scores at least ``per_hit × top_k`` passages exactly (PLAID's ndocs grows with k too).
+    per_hit: int = 4
 
 
 class Index:
@@ -94,14 +96,14 @@ class Index:
 
     def search(self, query: str, granularity: str = "sentence", top_k: Optional[int] = 10, *,
                exact: bool = False, nprobe: Optional[int] = None, ncandidates: Optional[int] = None,
-               alpha: Optional[float] = None) -> List[ScoredSpan]:
+               per_hit: Optional[int] = None, alpha: Optional[float] = None) -> List[ScoredSpan]:
         """Rank the index's passages, sentences or stored spans for ``query``, best first."""
         if not isinstance(query, str) or not query.strip():
             raise ValueError("query is empty")
         self._check(granularity, top_k)
         q, s = self.encode_query(query, granularity)
         return self.search_vectors(q, s, granularity, top_k, exact=exact, nprobe=nprobe,
-                                   ncandidates=ncandidates, alpha=alpha)
+                                   ncandidates=ncandidates, per_hit=per_hit, alpha=alpha)
 
     def encode_query(self, query: str, granularity: str = "sentence"):
         """``[Q]`` and sub-unit query vectors with the index's model (:meth:`Ranker.encode_query`)."""
@@ -132,7 +134,8 @@ class Index:
 
     def search_vectors(self, q: torch.Tensor, s: Optional[torch.Tensor], granularity: str = "sentence",
                        top_k: Optional[int] = 10, *, exact: bool = False, nprobe: Optional[int] = None,
-                       ncandidates: Optional[int] = None, alpha: Optional[float] = None) -> List[ScoredSpan]:
+                       ncandidates: Optional[int] = None, per_hit: Optional[int] = None,
+                       alpha: Optional[float] = None) -> List[ScoredSpan]:
         """:meth:`search` with query vectors already encoded (``Ranker.encode_query``)."""
         self._check(granularity, top_k)
         alpha = (self._encoder.settings.alpha if self._encoder is not None
@@ -146,8 +149,9 @@ class Index:
         ncandidates = self.defaults.ncandidates if ncandidates is None else int(ncandidates)
         if nprobe < 1 or ncandidates < 1:
             raise ValueError("nprobe and ncandidates must be at least 1")
+        per_hit = self.defaults.per_hit if per_hit is None else int(per_hit)
         if top_k is not None and granularity == "passage":
-            ncandidates = max(ncandidates, top_k)
+            ncandidates = max(ncandidates, per_hit * top_k, top_k)
         survivors = np.sort(self.candidates(q, nprobe, ncandidates))
         return self._score(q, s, survivors, granularity, top_k, alpha)
 

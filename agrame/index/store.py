@@ -374,7 +374,8 @@ class Store:
         self.sent_starts = np.concatenate([[0], np.cumsum(sentcounts)])
         if self.starts[-1] != m["num_tokens"] or self.sent_starts[-1] != m["num_sentences"]:
             raise IndexFolderError(f"index {self.path} is damaged: counts disagree with {MANIFEST}")
-        self._records: Dict[int, dict] = {}
+        self._text_size = int(files["passages.jsonl"]["size"])
+        self._texts = self._map("passages.jsonl", np.uint8, (self._text_size,))
 
     def _map(self, name: str, dtype, shape) -> np.ndarray:
         if int(np.prod(shape)) == 0:
@@ -389,12 +390,11 @@ class Store:
         return int(self.manifest["num_tokens"])
 
     def record(self, p: int) -> dict:
-        """``{"id", "text", "spans"?}`` of passage ``p`` (read from disk on first use)."""
-        if p not in self._records:
-            with open(self.path / "passages.jsonl", "rb") as f:
-                f.seek(int(self.passage_offsets[p]))
-                self._records[p] = json.loads(f.readline())
-        return self._records[p]
+        """``{"id", "text", "spans"?}`` of passage ``p``, read from the memory-mapped passage file
+        (nothing is cached: a long-running server's memory does not grow with what it served)."""
+        start = int(self.passage_offsets[p])
+        end = int(self.passage_offsets[p + 1]) if p + 1 < len(self) else self._text_size
+        return json.loads(self._texts[start:end].tobytes())
 
     def ids(self) -> List[str]:
         out = []

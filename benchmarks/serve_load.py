@@ -1,0 +1,167 @@
+"""Load test of ``agrame serve`` on loopback: concurrent clients, then the same during an ``--add``.
+
+    python -m benchmarks.serve_load --clients 8 --requests 200
+
+Serves a copy of the pooled-corpus index (``benchmarks.index_search build``) from a separate
+process bound to 127.0.0.1, and sends sentence searches (SQuAD dev questions, top 10) from
+``--clients`` threads, ``--requests`` each, over keep-alive connections: p50/p99 latency,
+throughput, errors, the server's peak memory. The second phase repeats the load while
+``agrame index --add`` appends SciFact abstracts to the served index; a response is *mixed*
+if its generation and its passage count disagree or it shows an added passage under the
+old generation. Both must stay at 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import List
+
+from .common import command_line, data_dir, sample, write_result
+from .data import load_pool, load_questions
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _peak_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
+def _client(port: int, queries: List[str], n: int, offset: int, out: list, deadline: float) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    for i in range(n):
+        if time.time() > deadline:
+            out.append({"error": "deadline"})
+            break
+        body = json.dumps({"query": queries[(offset + i) % len(queries)], "granularity": "sentence", "top_k": 10})
+        start = time.perf_counter()
+        try:
+            conn.request("POST", "/search", body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            data = json.loads(response.read())
+            record = {"ms": 1000 * (time.perf_counter() - start), "status": response.status}
+            if response.status == 200:
+                record.update(generation=data["generation"], passages=data["passages"],
+                              ids=[h["passage_id"] for h in data["results"]])
+            out.append(record)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            out.append({"error": repr(exc)})
+            conn.close()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.close()
+
+
+def run_load(port: int, queries: List[str], clients: int, requests: int, seconds: float) -> dict:
+    results: List[list] = [[] for _ in range(clients)]
+    deadline = time.time() + seconds
+    threads = [threading.Thread(target=_client, args=(port, queries, requests, c * requests, results[c], deadline))
+               for c in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    flat = [r for rs in results for r in rs]
+    ok = [r for r in flat if r.get("status") == 200]
+    ms = sorted(r["ms"] for r in ok)
+    pct = lambda p: round(ms[min(len(ms) - 1, int(p / 100 * len(ms)))], 1) if ms else None  # noqa: E731
+    return {"requests": len(flat), "ok": len(ok), "errors": len(flat) - len(ok),
+            "p50_ms": pct(50), "p99_ms": pct(99), "mean_ms": round(statistics.fmean(ms), 1) if ms else None,
+            "throughput_per_s": round(len(ok) / wall, 1), "wall_s": round(wall, 1), "_records": flat}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=200, help="per client and phase")
+    parser.add_argument("--add", type=int, default=300, help="SciFact abstracts appended in the second phase")
+    parser.add_argument("--nbits", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=900, help="deadline of each phase")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the server")
+    args = parser.parse_args(argv)
+
+    from .index_search import PoolVectors
+
+    source = PoolVectors().index_path(args.nbits)
+    if not source.exists():
+        raise SystemExit(f"error: {source} missing: run python -m benchmarks.index_search build --nbits {args.nbits}")
+    queries = [q.text for q in sample(load_questions("squad-dev", load_pool()), 400, 0)]
+    with tempfile.TemporaryDirectory() as tmp:
+        served = Path(tmp) / "index"
+        shutil.copytree(source, served)
+        added = Path(tmp) / "added.jsonl"
+        with open(data_dir() / "scifact" / "corpus.jsonl") as f, open(added, "w") as out:
+            for _, line in zip(range(args.add), f):
+                doc = json.loads(line)
+                out.write(json.dumps({"id": f"scifact-{doc['doc_id']}", "text": " ".join(doc["sentences"])}) + "\n")
+        port = _free_port()
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+        server = subprocess.Popen([sys.executable, "-m", "agrame.cli", "serve", "-i", str(served), "--port", str(port)],
+                                  env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.time() + 300
+            while True:
+                try:
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                    conn.request("GET", "/health")
+                    health = json.loads(conn.getresponse().read())
+                    break
+                except OSError:
+                    if time.time() > deadline or server.poll() is not None:
+                        raise SystemExit("error: server did not start")
+                    time.sleep(0.5)
+            run_load(port, queries, 2, 5, 60)  # warm-up
+            plain = run_load(port, queries, args.clients, args.requests, args.seconds)
+            plain.pop("_records")
+            base = health["index"]["passages"]
+            adder = subprocess.Popen([sys.executable, "-m", "agrame.cli", "index", "--add", "-p", str(added),
+                                      "-i", str(served)], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                     stderr=subprocess.PIPE, text=True)
+            during = run_load(port, queries, args.clients, args.requests, args.seconds)
+            adder_rc = adder.wait(timeout=600)
+            records = during.pop("_records")
+            mixed = 0
+            for r in records:
+                if r.get("status") != 200:
+                    continue
+                new_ids = any(i.startswith("scifact-") for i in r["ids"])
+                expected = base if r["generation"] == health["index"]["generation"] else base + args.add
+                if r["passages"] != expected or (new_ids and r["generation"] == health["index"]["generation"]):
+                    mixed += 1
+            generations = sorted({r["generation"] for r in records if r.get("status") == 200})
+            during.update(mixed=mixed, generations_seen=generations, add_exit_code=adder_rc,
+                          responses_after_add=sum(1 for r in records if r.get("generation", 0) > generations[0]))
+            peak = _peak_rss_mb(server.pid)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    result = {"benchmark": "serve_load", "index": f"pooled corpus, {args.nbits}-bit ({base:,} passages)",
+              "clients": args.clients, "requests_per_client": args.requests, "request": "POST /search sentence top 10",
+              "server_torch_threads": args.threads, "added_passages": args.add, "plain": plain, "during_add": during,
+              "server_peak_rss_mb": peak, "model": health["model"], "sample": {"questions": len(queries)}}
+    path = write_result("serve_load", result, None, command_line("benchmarks.serve_load", argv))
+    print(json.dumps(result, indent=1), "→", path)
+
+
+if __name__ == "__main__":
+    main()
