@@ -177,9 +177,13 @@ def cmd_run(args) -> None:
         "threads": torch.get_num_threads(),
     }
     if args.first_stage == "agrame":
-        exact_file = cache_root() / (name.replace(f"agrame-{args.nbits}b", "exact") + "-rankings.json")
-        if exact_file.exists():
-            result["agreement_with_exact"] = agreement(rankings, json.loads(exact_file.read_text()))
+        # Paired with the float16 exact scan where it ran (a sample: it costs ~2 s per question).
+        for exact_file in sorted(cache_root().glob(f"index_search-{args.dataset}-exact*-rankings.json")):
+            exact = json.loads(exact_file.read_text())
+            result["agreement_with_exact"] = {"exact_run": exact_file.name.replace("-rankings.json", ""),
+                                              **agreement(rankings, exact)}
+            paired = [m for q, m in zip(questions, per_question) if q.qid in exact]
+            result["metrics_on_exact_sample"] = summarize(paired)
     path = write_result(name, result, args.out, command_line("benchmarks.index_search", ["run", *args.argv]))
     print(f"{args.dataset} {args.first_stage}: {result['metrics']} → {path}")
 

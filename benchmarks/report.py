@@ -450,6 +450,11 @@ def render_index_search(results: List[dict], open_domain: List[dict] | None = No
             out.append(f"| {label} | {_sample_text(r)} | {_fmt(m['psg_p1'])} | {_fmt(m['psg_r100'])} "
                        f"| {_fmt(m.get('sent_p1'))} | {_fmt(m.get('sent_r5'))} "
                        f"| {_fmt(a.get('top100_passage_overlap'))} | {_fmt(a.get('same_top1_sentence'))} |")
+            if "metrics_on_exact_sample" in r:
+                p = r["metrics_on_exact_sample"]
+                out.append(f"| ↳ same run, on the {a['questions']} questions of `{a['exact_run']}` | {a['questions']} "
+                           f"| {_fmt(p['psg_p1'])} | {_fmt(p['psg_r100'])} | {_fmt(p.get('sent_p1'))} "
+                           f"| {_fmt(p.get('sent_r5'))} | | |")
         out += ["", _commands(rows + _index_open_domain_rows(open_domain or [], dataset)), ""]
     sizes = sorted((r for r in results if r.get("what") == "size"), key=lambda r: r["nbits"])
     if sizes:
@@ -506,6 +511,27 @@ def render_index_search(results: List[dict], open_domain: List[dict] | None = No
     return "\n".join(out)
 
 
+def render_serve_load(results: List[dict]) -> str:
+    out = ["## `agrame serve` under load (loopback)", "",
+           "Concurrent clients send sentence searches (SQuAD dev questions, top 10) to a server process "
+           "over keep-alive connections; the second phase repeats the load while `agrame index --add` "
+           "appends passages to the served index. *Mixed*: a response whose generation and passage count "
+           "disagree, or that shows an added passage under the old generation.", "",
+           "| phase | clients × requests | ok | errors | mixed | p50 ms | p99 ms | requests/s |",
+           "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        for phase, label in (("plain", "plain"), ("during_add", f"during --add of {r['added_passages']} passages")):
+            m = r[phase]
+            out.append(f"| {label} | {r['clients']} × {r['requests_per_client']} | {m['ok']} | {m['errors']} | "
+                       f"{m.get('mixed', '–')} | {m['p50_ms']} | {m['p99_ms']} | {m['throughput_per_s']} |")
+        d = r["during_add"]
+        out += ["", f"Index: {r['index']}; server torch threads {r['server_torch_threads']}; server peak RSS "
+                    f"{r['server_peak_rss_mb']} MB; generations seen during the add: {d['generations_seen']} "
+                    f"({d['responses_after_add']} responses from the new one); add exit code {d['add_exit_code']}.",
+                "", _commands([r])]
+    return "\n".join(out)
+
+
 RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     "open_domain": render_open_domain,
     "cross_domain": render_cross_domain,
@@ -516,6 +542,7 @@ RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     "citation": render_citation,
     "citation-latency": render_citation_latency,
     "teachers": render_teachers,
+    "serve_load": render_serve_load,
 }
 
 

@@ -142,7 +142,10 @@ def check_model(manifest: dict, encoder, path: str | Path) -> None:
     if built["fingerprint"] == encoder.fingerprint():
         return
     name = index_model_name(manifest)
-    fix = "search it without --model" if name == "default" else f"search it with --model {name}"
+    if name == "default" and model_name(encoder) == "default":
+        fix = "it was built with an earlier default model: rebuild it (agrame index --overwrite)"
+    else:
+        fix = "search it without --model" if name == "default" else f"search it with --model {name}"
     raise IndexFolderError(
         f"index {path} was built with model {name} (fingerprint {built['fingerprint'][:12]}), "
         f"but the loaded model is {model_name(encoder)} (fingerprint {encoder.fingerprint()[:12]}); {fix}")
