@@ -251,7 +251,8 @@ def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | 
                   VectorSource(encoded) if isinstance(encoded, EncodedCorpus) else encoded)
         if codec is None:
             codec, cached, codec_info = (train_codec_from(source, nbits, seed=seed) if source is not None else
-                                         train_codec(encoder, passages, nbits, batch_size=batch_size, seed=seed))
+                                         train_codec(encoder, passages, nbits, batch_size=batch_size, seed=seed,
+                                                     progress=progress))
         else:
             cached, codec_info = {}, {"num_centroids": codec.num_centroids, "given": True}
         if progress:
