@@ -75,10 +75,10 @@ class PoolVectors:
 
 def build(vectors: PoolVectors, nbits: int, overwrite: bool = False) -> Tuple[Path, dict]:
     path = vectors.index_path(nbits)
-    corpus = vectors.corpus()
-    passages = [Passage(str(i), t) for i, t in enumerate(vectors.pool.texts)]
     start = time.perf_counter()
-    if not path.exists() or overwrite:
+    if not path.exists() or overwrite:  # the pool's vectors are loaded only to build
+        corpus = vectors.corpus()
+        passages = [Passage(str(i), t) for i, t in enumerate(vectors.pool.texts)]
         build_compressed(vectors.encoder, passages, path, nbits=nbits, sentences=vectors.spans, encoded=corpus,
                          overwrite=overwrite)
     seconds = time.perf_counter() - start
