@@ -47,5 +47,5 @@ def test_index_search_section_from_inline_results():
             "command": "python -m benchmarks.open_domain", "date": "2026-11-23"}
     text = render_index_search([run], [bm25])
     assert "| BM25 top-100, re-ranked [shipped] | 10 of 10 | 49.0 | 88.4 (BM25) | 39.0 | 69.0 | – | – |" in text
-    assert ("| agrame compressed index, 2-bit residuals, nprobe 4, ncandidates 256 | 10 of 10 | 50.0 | 90.0 "
+    assert ("| agrame compressed index, 2-bit residuals, nprobe 4, ncandidates 256, per hit 1 | 10 of 10 | 50.0 | 90.0 "
             "| 40.0 | 70.0 | 98.5 | 99.0 |") in text
