@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Optional
@@ -107,7 +108,6 @@ def _outlined(fragment: str) -> Optional[str]:
 def check_page(app, query: str, browser: str, screenshot: Optional[Path] = None) -> dict:
     """Load the page with ``query`` in the browser; return what the DOM and the API say."""
     import json
-    import urllib.request
 
     with Server(app) as server, tempfile.TemporaryDirectory() as profile:
         request = urllib.request.Request(f"{server.url}/search", method="POST",

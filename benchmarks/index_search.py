@@ -231,7 +231,7 @@ def compressed_exhaustive(index: Index, q, s, alpha: float) -> Tuple[List[int], 
     """Top-100 passages and top-10 sentences (global ids) over *every* decompressed passage, in
     one pass per chunk: what the staged search approximates (its codec error excluded)."""
     store = index.store
-    passage, combined, owners = [], [], []
+    passage, combined = [], []
     for lo in range(0, len(store), 512):
         pids = np.arange(lo, min(lo + 512, len(store)))
         corpus = store.corpus(pids)

@@ -56,6 +56,20 @@ def write_manifest(folder: Path, manifest: dict) -> None:
     os.replace(tmp, folder / MANIFEST)
 
 
+def replace_folder(tmp: Path, path: Path) -> None:
+    """Move a finished folder written under a temporary name into place (an existing one is
+    renamed aside first and removed after), so ``path`` never holds half an index."""
+    import shutil
+
+    if path.exists():
+        old = path.parent / f".{path.name}.old-{os.getpid()}"
+        path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(path)
+
+
 def crc32_file(path: Path, size: Optional[int] = None, start: int = 0, crc: int = 0) -> int:
     """CRC-32 of bytes ``[start, size)`` of a file, continuing from ``crc``."""
     remaining = (path.stat().st_size if size is None else size) - start

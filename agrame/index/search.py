@@ -25,7 +25,7 @@ import torch
 from .. import scoring
 from ..encoder import Encoder
 from ..ranker import GRANULARITIES, Ranker, ScoredSpan, rank_corpus
-from .format import FORMAT_V1, IndexFolderError, load_index_model, read_manifest
+from .format import FORMAT_V1, load_index_model, read_manifest
 from .store import Store
 
 #: Stage 2a keeps this many times ``ncandidates`` passages for the code-level step 2b.

@@ -40,7 +40,7 @@ from ..encoder import EncodedPassage, Encoder
 from ..spans import normalize_span, sorted_token_segments, split_sentences
 from .codec import ResidualCodec, num_centroids
 from .format import (FORMAT_V2, MANIFEST, IndexFolderError, check_files, check_model, crc32_file,
-                     model_block, read_manifest, write_manifest)
+                     model_block, read_manifest, replace_folder, write_manifest)
 from .ivf import InvertedFile, build_ivf, merge_ivf, unique_pairs
 
 TOKEN_DTYPE = np.dtype([("start", "<i4"), ("length", "<u2")])
@@ -279,13 +279,7 @@ def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | 
             "num_sentences": writer.sentences, "has_spans": writer.has_spans, "files": files,
         }
         write_manifest(tmp, manifest)
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{os.getpid()}"
-            path.rename(old)
-            tmp.rename(path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(path)
+        replace_folder(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

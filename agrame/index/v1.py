@@ -22,7 +22,7 @@ import torch
 from .. import __version__
 from ..corpus import EncodedCorpus, Passage
 from ..encoder import Encoder
-from .format import FORMAT_V1 as FORMAT, MANIFEST, IndexFolderError, model_block, read_manifest
+from .format import FORMAT_V1 as FORMAT, MANIFEST, IndexFolderError, model_block, read_manifest, replace_folder
 
 VECTORS = "vectors.f16"
 
@@ -77,13 +77,7 @@ def build_index(encoder: Encoder, passages: Sequence[Passage], path: str | Path,
             "vectors_dtype": "float16",
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{os.getpid()}"
-            path.rename(old)
-            tmp.rename(path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(path)
+        replace_folder(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
