@@ -40,4 +40,18 @@ for d in squad-dev nq-oracle; do
 done
 run python -m benchmarks.speed
 run python -m benchmarks.citation --dataset latency                     # timing: run alone
+# The compressed index over the whole pool (issue 12), with the shipped model (~1.5 h in all).
+run python -m benchmarks.index_search build --nbits 2 4
+run python -m benchmarks.index_search choose --nbits 2 --limit 100    # sets the search defaults
+for d in nq-oracle squad-dev; do
+  run python -m benchmarks.index_search run --dataset "$d" --first-stage exact --limit 300
+  run python -m benchmarks.index_search run --dataset "$d" --first-stage agrame --nbits 2
+  run python -m benchmarks.index_search run --dataset "$d" --first-stage agrame --nbits 4 --limit 300
+  run python -m benchmarks.open_domain --dataset "$d" --method colbert-zeroshot-psg --tag shipped \
+      $([ "$d" = squad-dev ] && echo --limit 2000)
+done
+run python -m benchmarks.index_search run --dataset squad-dev --first-stage agrame --nbits 2 --limit 2000
+run python -m benchmarks.index_search latency --nbits 2               # timing: run alone
+run python -m benchmarks.serve_load --clients 8 --requests 100        # timing: run alone
+run python -m benchmarks.index_search scale --tokens 1e7
 run python -m benchmarks.report
