@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import os
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Iterator, Optional
 
 MANIFEST = "manifest.json"
 FORMAT_V1 = "agrame-index/1"
@@ -56,18 +57,29 @@ def write_manifest(folder: Path, manifest: dict) -> None:
     os.replace(tmp, folder / MANIFEST)
 
 
-def replace_folder(tmp: Path, path: Path) -> None:
-    """Move a finished folder written under a temporary name into place (an existing one is
-    renamed aside first and removed after), so ``path`` never holds half an index."""
+@contextmanager
+def new_folder(path: Path) -> Iterator[Path]:
+    """Write a folder under a temporary name and move it into place only when the block succeeds
+    (an existing ``path`` is renamed aside first and removed after); on any error the temporary
+    folder is removed, so ``path`` never holds half an index."""
     import shutil
 
-    if path.exists():
-        old = path.parent / f".{path.name}.old-{os.getpid()}"
-        path.rename(old)
-        tmp.rename(path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if path.exists():
+            old = path.parent / f".{path.name}.old-{os.getpid()}"
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def crc32_file(path: Path, size: Optional[int] = None, start: int = 0, crc: int = 0) -> int:

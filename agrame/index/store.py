@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -40,7 +39,7 @@ from ..encoder import EncodedPassage, Encoder
 from ..spans import normalize_span, sorted_token_segments, split_sentences
 from .codec import ResidualCodec, num_centroids
 from .format import (FORMAT_V2, MANIFEST, IndexFolderError, check_files, check_model, crc32_file,
-                     model_block, read_manifest, replace_folder, write_manifest)
+                     model_block, read_manifest, new_folder, write_manifest)
 from .ivf import InvertedFile, build_ivf, merge_ivf, unique_pairs
 
 TOKEN_DTYPE = np.dtype([("start", "<i4"), ("length", "<u2")])
@@ -241,48 +240,41 @@ def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | 
         raise IndexFolderError("no passages to index")
     if sentences is not None and len(sentences) != len(passages):
         raise ValueError(f"sentences: {len(sentences)} lists for {len(passages)} passages")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     bar = None
     try:
-        source = (None if encoded is None else
-                  VectorSource(encoded) if isinstance(encoded, EncodedCorpus) else encoded)
-        if codec is None:
-            codec, cached, codec_info = (train_codec_from(source, nbits, seed=seed) if source is not None else
-                                         train_codec(encoder, passages, nbits, batch_size=batch_size, seed=seed,
-                                                     progress=progress))
-        else:
-            cached, codec_info = {}, {"num_centroids": codec.num_centroids, "given": True}
-        if progress:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=len(passages), desc="indexing", unit="psg", disable=None)
-        files: Dict[str, dict] = {}
-        _codec_files(tmp, codec, files)
-        out = _Appender(tmp, files)
-        writer = _ChunkWriter(out, codec, 0)
-        chunks = (source.chunks(passages, chunk_passages, bar) if source is not None else
-                  _encode_chunks(encoder, passages, chunk_passages, batch_size, cached, bar))
-        for lo, part, enc in chunks:
-            writer.write(part, enc, None if sentences is None else sentences[lo:lo + len(part)])
-        out.close()
-        files.update(out.files)
-        ivf = build_ivf(np.concatenate(writer.pairs), codec.num_centroids)
-        _ivf_files(tmp, ivf, 1, files)
-        manifest = {
-            "format": FORMAT_V2, "generation": 1, "agrame_version": __version__,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "model": model_block(encoder), "dim": codec.dim, "nbits": codec.nbits,
-            "num_centroids": codec.num_centroids, "code_dtype": codec.code_dtype.str,
-            "codec": codec_info, "num_passages": writer.next_pid, "num_tokens": writer.tokens,
-            "num_sentences": writer.sentences, "has_spans": writer.has_spans, "files": files,
-        }
-        write_manifest(tmp, manifest)
-        replace_folder(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with new_folder(path) as tmp:
+            source = (None if encoded is None else
+                      VectorSource(encoded) if isinstance(encoded, EncodedCorpus) else encoded)
+            if codec is None:
+                codec, cached, codec_info = (train_codec_from(source, nbits, seed=seed) if source is not None else
+                                             train_codec(encoder, passages, nbits, batch_size=batch_size, seed=seed,
+                                                         progress=progress))
+            else:
+                cached, codec_info = {}, {"num_centroids": codec.num_centroids, "given": True}
+            if progress:
+                from tqdm.auto import tqdm
+                bar = tqdm(total=len(passages), desc="indexing", unit="psg", disable=None)
+            files: Dict[str, dict] = {}
+            _codec_files(tmp, codec, files)
+            out = _Appender(tmp, files)
+            writer = _ChunkWriter(out, codec, 0)
+            chunks = (source.chunks(passages, chunk_passages, bar) if source is not None else
+                      _encode_chunks(encoder, passages, chunk_passages, batch_size, cached, bar))
+            for lo, part, enc in chunks:
+                writer.write(part, enc, None if sentences is None else sentences[lo:lo + len(part)])
+            out.close()
+            files.update(out.files)
+            ivf = build_ivf(np.concatenate(writer.pairs), codec.num_centroids)
+            _ivf_files(tmp, ivf, 1, files)
+            manifest = {
+                "format": FORMAT_V2, "generation": 1, "agrame_version": __version__,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "model": model_block(encoder), "dim": codec.dim, "nbits": codec.nbits,
+                "num_centroids": codec.num_centroids, "code_dtype": codec.code_dtype.str,
+                "codec": codec_info, "num_passages": writer.next_pid, "num_tokens": writer.tokens,
+                "num_sentences": writer.sentences, "has_spans": writer.has_spans, "files": files,
+            }
+            write_manifest(tmp, manifest)
     finally:
         if bar is not None:
             bar.close()

@@ -10,8 +10,6 @@ name and renamed into place, so an interrupted build never leaves a half index.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import List, Sequence
@@ -22,7 +20,7 @@ import torch
 from .. import __version__
 from ..corpus import EncodedCorpus, Passage
 from ..encoder import Encoder
-from .format import FORMAT_V1 as FORMAT, MANIFEST, IndexFolderError, model_block, read_manifest, replace_folder
+from .format import FORMAT_V1 as FORMAT, MANIFEST, IndexFolderError, model_block, read_manifest, new_folder
 
 VECTORS = "vectors.f16"
 
@@ -39,48 +37,41 @@ def build_index(encoder: Encoder, passages: Sequence[Passage], path: str | Path,
         raise IndexFolderError(f"{path} already exists (use --overwrite to replace it)")
     if not passages:
         raise IndexFolderError("no passages to index")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     bar = None
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(passages), desc="indexing", unit="psg", disable=None)
     try:
-        parts: List[EncodedCorpus] = []
-        num_tokens = 0
-        with open(tmp / VECTORS, "wb") as vec_file:
-            for lo in range(0, len(passages), chunk_passages):
-                chunk = list(passages[lo:lo + chunk_passages])
-                encoded = encoder.encode_passages([p.text for p in chunk], batch_size=batch_size)
-                given = None if sentences is None else sentences[lo:lo + chunk_passages]
-                part = EncodedCorpus.build(chunk, encoded, given)
-                vec_file.write(part.vectors.to(torch.float16).numpy().tobytes())
-                num_tokens += part.num_tokens
-                # Keep everything but the vectors, which are already on disk.
-                part.vectors = torch.empty((0, part.vectors.shape[1]))
-                parts.append(part)
-                if bar is not None:
-                    bar.update(len(chunk))
-        _write_tables(tmp, parts)
-        sentences = sum(int(p.sentences.shape[0]) for p in parts)
-        manifest = {
-            "format": FORMAT,
-            "agrame_version": __version__,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "model": model_block(encoder),
-            "dim": encoder.dim,
-            "num_passages": len(passages),
-            "num_tokens": num_tokens,
-            "num_sentences": sentences,
-            "vectors_dtype": "float16",
-        }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        replace_folder(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with new_folder(path) as tmp:
+            parts: List[EncodedCorpus] = []
+            num_tokens = 0
+            with open(tmp / VECTORS, "wb") as vec_file:
+                for lo in range(0, len(passages), chunk_passages):
+                    chunk = list(passages[lo:lo + chunk_passages])
+                    encoded = encoder.encode_passages([p.text for p in chunk], batch_size=batch_size)
+                    given = None if sentences is None else sentences[lo:lo + chunk_passages]
+                    part = EncodedCorpus.build(chunk, encoded, given)
+                    vec_file.write(part.vectors.to(torch.float16).numpy().tobytes())
+                    num_tokens += part.num_tokens
+                    # Keep everything but the vectors, which are already on disk.
+                    part.vectors = torch.empty((0, part.vectors.shape[1]))
+                    parts.append(part)
+                    if bar is not None:
+                        bar.update(len(chunk))
+            _write_tables(tmp, parts)
+            sentences = sum(int(p.sentences.shape[0]) for p in parts)
+            manifest = {
+                "format": FORMAT,
+                "agrame_version": __version__,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "model": model_block(encoder),
+                "dim": encoder.dim,
+                "num_passages": len(passages),
+                "num_tokens": num_tokens,
+                "num_sentences": sentences,
+                "vectors_dtype": "float16",
+            }
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     finally:
         if bar is not None:
             bar.close()
