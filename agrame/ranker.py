@@ -91,19 +91,24 @@ class Ranker:
         ``passage``: text, ``(id, text)``, a :class:`Passage`, or an encoded corpus with
         ``passage_id`` naming the passage (default: its first).
         """
+        corpus = passage if isinstance(passage, EncodedCorpus) else self.encode([passage])
+        return self.explain_all(query, corpus, [corpus.ids[0] if passage_id is None else passage_id], alpha=alpha)[0]
+
+    def explain_all(self, query: str, corpus: EncodedCorpus, passage_ids: Sequence[str], *,
+                    alpha: Optional[float] = None) -> list:
+        """:meth:`explain` for several passages of an encoded corpus, the query encoded once."""
         from .explain import explain_passage
 
         if not isinstance(query, str) or not query.strip():
             raise ValueError("query is empty")
-        corpus = passage if isinstance(passage, EncodedCorpus) else self.encode([passage])
-        p = 0
-        if passage_id is not None:
-            if passage_id not in corpus.ids:
-                raise ValueError(f"no passage {passage_id!r} to explain")
-            p = corpus.ids.index(passage_id)
+        position = {pid: p for p, pid in enumerate(corpus.ids)}
+        missing = [pid for pid in passage_ids if pid not in position]
+        if missing:
+            raise ValueError(f"no passage {missing[0]!r} to explain")
         q, s = self.encode_query(query, "sentence")
         tokens = self.encoder.query_tokens(query, "Q")
-        return explain_passage(query, tokens, q, s, corpus, p, self.alpha if alpha is None else float(alpha))
+        alpha = self.alpha if alpha is None else float(alpha)
+        return [explain_passage(query, tokens, q, s, corpus, position[pid], alpha) for pid in passage_ids]
 
     def encode_query(self, query: str, granularity: str = "sentence") -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Query vectors for S(q,p) and for S'(q,s) (None for passages; the same tensor when shared)."""

@@ -17,7 +17,7 @@ matrix of centroid similarities, so no second MaxSim is written here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, NamedTuple, Optional, Union
+from typing import List, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -115,9 +115,13 @@ class Index:
     def explain(self, query: str, passage_id: str, alpha: Optional[float] = None):
         """:meth:`Ranker.explain` for an indexed passage (a search hit's ``passage_id``), scored on
         the vectors the index holds (decompressed)."""
-        position = self._position(passage_id)
-        corpus = self.store.corpus([position]) if self.store is not None else self._v1.select([position])
-        return Ranker(self.encoder, alpha=alpha).explain(query, corpus)
+        return self.explain_all(query, [passage_id], alpha=alpha)[0]
+
+    def explain_all(self, query: str, passage_ids: Sequence[str], alpha: Optional[float] = None) -> list:
+        """:meth:`explain` for several indexed passages (e.g. all hits), the query encoded once."""
+        positions = [self._position(pid) for pid in passage_ids]
+        corpus = self.store.corpus(positions) if self.store is not None else self._v1.select(positions)
+        return Ranker(self.encoder, alpha=alpha).explain_all(query, corpus, list(passage_ids))
 
     def _position(self, passage_id: str) -> int:
         if self._ids is None:

@@ -143,6 +143,12 @@ def _hit(h, explanation=None) -> dict:
     return out
 
 
+def _explained(hits, explain_all) -> dict:
+    """Explanations of the hits' distinct passages, computed together (one query encoding)."""
+    ids = list(dict.fromkeys(h.passage_id for h in hits))
+    return dict(zip(ids, explain_all(ids))) if ids else {}
+
+
 def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None, limits: Limits = Limits()):
     """The FastAPI application over ``index`` (optional: ``/rank`` and ``/cite`` work without one)."""
     from fastapi import FastAPI, Request
@@ -211,9 +217,8 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
         started = time.perf_counter()
         hits = idx.search(req.query, req.granularity, top_k=req.top_k, nprobe=req.nprobe,
                           ncandidates=req.ncandidates)
-        results = []
-        for h in hits:
-            results.append(_hit(h, idx.explain(req.query, h.passage_id) if req.explain else None))
+        explained = _explained(hits, lambda ids: idx.explain_all(req.query, ids)) if req.explain else {}
+        results = [_hit(h, explained.get(h.passage_id)) for h in hits]
         return {"query": req.query, "granularity": req.granularity, "generation": idx.manifest.get("generation", 1),
                 "passages": len(idx), "ms": round(1000 * (time.perf_counter() - started), 1), "results": results}
 
@@ -223,8 +228,8 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
         passages = _passages(req.passages, limits)
         corpus = ranker.encode(passages)
         hits = ranker.rank(req.query, corpus, req.granularity, top_k=req.top_k)
-        results = [_hit(h, ranker.explain(req.query, corpus, passage_id=h.passage_id) if req.explain else None)
-                   for h in hits]
+        explained = _explained(hits, lambda ids: ranker.explain_all(req.query, corpus, ids)) if req.explain else {}
+        results = [_hit(h, explained.get(h.passage_id)) for h in hits]
         return {"query": req.query, "granularity": req.granularity, "results": results}
 
     @app.post("/cite")
