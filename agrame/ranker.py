@@ -91,6 +91,8 @@ class Ranker:
         ``passage``: text, ``(id, text)``, a :class:`Passage`, or an encoded corpus with
         ``passage_id`` naming the passage (default: its first).
         """
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError("query is empty")  # before encoding the passage
         corpus = passage if isinstance(passage, EncodedCorpus) else self.encode([passage])
         return self.explain_all(query, corpus, [corpus.ids[0] if passage_id is None else passage_id], alpha=alpha)[0]
 
