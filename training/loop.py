@@ -66,7 +66,7 @@ def logger_for(folder: Path) -> logging.Logger:
 
 
 def train(model: torch.nn.Module, examples: Sequence, loss_fn: Callable[[List], torch.Tensor],
-          settings: LoopSettings, folder: str | Path, params: Optional[List[torch.nn.Parameter]] = None,
+          settings: LoopSettings, folder: str | Path, params: Optional[List] = None,
           save: Optional[Callable[[Path], None]] = None) -> dict:
     """Optimise ``loss_fn(batch_of_examples)``; returns {"step", "done", "loss"}.
 
@@ -77,11 +77,18 @@ def train(model: torch.nn.Module, examples: Sequence, loss_fn: Callable[[List], 
     log = logger_for(folder)
     seeded(settings.seed)
     params = params if params is not None else [p for p in model.parameters() if p.requires_grad]
-    # Biases, norms and tensors flagged `_no_decay` (an embedding whose other rows are frozen) skip decay.
-    decay = [p for p in params if p.ndim >= 2 and not getattr(p, "_no_decay", False)]
-    no_decay = [p for p in params if p.ndim < 2 or getattr(p, "_no_decay", False)]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr)
+    # A group is a list of parameters or {"params": [...], "lr_scale": s} (layer-wise learning rates).
+    scaled = params if params and isinstance(params[0], dict) else [{"params": params, "lr_scale": 1.0}]
+    params = [p for g in scaled for p in g["params"]]
+    groups = []
+    for g in scaled:
+        # Biases, norms and tensors flagged `_no_decay` (an embedding whose other rows are frozen) skip decay.
+        decay = [p for p in g["params"] if p.ndim >= 2 and not getattr(p, "_no_decay", False)]
+        no_decay = [p for p in g["params"] if p.ndim < 2 or getattr(p, "_no_decay", False)]
+        lr = settings.lr * g.get("lr_scale", 1.0)
+        groups += [{"params": decay, "weight_decay": settings.weight_decay, "lr": lr},
+                   {"params": no_decay, "weight_decay": 0.0, "lr": lr}]
+    optimizer = torch.optim.AdamW(groups, lr=settings.lr)
     warm = max(1, int(settings.warmup * settings.steps))
 
     def schedule(step: int) -> float:  # linear warm-up, then linear decay to 0

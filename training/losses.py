@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -83,10 +85,16 @@ class MultiGranularKLLoss(nn.Module):
 
     def forward(self, teacher_passage: torch.Tensor, student_passage: torch.Tensor,
                 teacher_sentence: torch.Tensor, student_sentence: torch.Tensor,
-                sentence_mask: torch.Tensor) -> dict:
+                sentence_mask: torch.Tensor, own_passages: Optional[int] = None) -> dict:
+        """``own_passages``: with in-batch negatives the passage scores are ``[B, B·P]`` (query b's
+        own P passages at columns b·P … b·P+P−1); the sentence weights use the own ones only."""
         l_psg = self.passage(teacher_passage, student_passage)
         per_passage = masked_kl(teacher_sentence, student_sentence, sentence_mask.bool())  # [B, P]
-        w = self.weights(teacher_passage).detach()
+        own = teacher_passage
+        if own_passages is not None and teacher_passage.shape[-1] != own_passages:
+            b = torch.arange(teacher_passage.shape[0]).unsqueeze(1)
+            own = teacher_passage.gather(1, b * own_passages + torch.arange(own_passages))
+        w = self.weights(own).detach()
         l_sent = (w * per_passage).sum(dim=-1).mean()
         total = l_psg + self.sentence_weight * l_sent
         return {"loss": total, "passage": l_psg.detach(), "sentence": l_sent.detach()}

@@ -59,6 +59,36 @@ def init_projection(encoder: Encoder, texts: Sequence[str], batch_size: int = 16
     encoder.projection.weight.copy_(v[: encoder.projection.out_features])
 
 
+def start_from(student: Encoder, init: Encoder) -> None:
+    """Copy ``init``'s backbone and projection into ``student`` (its settings and markers stay)."""
+    if (init.projection is None) != (student.projection is None) or (
+            init.projection is not None and init.projection.weight.shape != student.projection.weight.shape):
+        raise SystemExit(f"error: --init-model {init.source} has a {init.dim}-d projection; the student wants "
+                         f"{student.dim}-d (--dim)")
+    student.backbone.load_state_dict(init.backbone.state_dict())
+    if init.projection is not None:
+        with torch.no_grad():
+            student.projection.weight.copy_(init.projection.weight)
+
+
+def read_mixture(specs: Sequence[str]) -> List[dict]:
+    """Records of every ``FILE`` or ``FILE@N`` (N copies), in the given order (the loop shuffles)."""
+    from .data import read
+
+    examples: List[dict] = []
+    for spec in specs:
+        path, _, times = spec.partition("@")
+        if times and not (times.isdigit() and int(times) > 0):
+            raise SystemExit(f"error: --data {spec}: expected FILE or FILE@N with N ≥ 1")
+        records = read(path)
+        examples += records * (int(times) if times else 1)
+    sizes = {len(r["passages"]) for r in examples}
+    if len(sizes) > 1:
+        raise SystemExit(f"error: --data files mix {sorted(sizes)} passages per question; a batch needs one count "
+                         "(make them with the same --negatives)")
+    return examples
+
+
 def _pad(rows: Sequence[Sequence[int]], pad: int) -> Tuple[torch.Tensor, torch.Tensor]:
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
@@ -94,20 +124,38 @@ def trainable_parameters(encoder: Encoder, layers: int) -> List[nn.Parameter]:
     return params
 
 
+def layerwise_groups(encoder: Encoder, params: List[nn.Parameter], decay: float) -> List[dict]:
+    """Parameter groups with learning rate × ``decay``^d for a layer d blocks below the top one
+    (projection and marker rows: the full rate). Lower layers hold the general-purpose
+    features; moving them less is one guard against forgetting out of domain (ULMFiT's
+    discriminative fine-tuning; layer-wise decay as in ELECTRA/BEiT fine-tuning)."""
+    blocks = list(encoder.backbone.encoder.layer)
+    depth = {id(p): len(blocks) - 1 - i for i, block in enumerate(blocks) for p in block.parameters()}
+    by_scale: dict = {}
+    for p in params:
+        by_scale.setdefault(decay ** depth.get(id(p), 0), []).append(p)
+    return [{"params": ps, "lr_scale": scale} for scale, ps in sorted(by_scale.items(), reverse=True)]
+
+
 class StudentScorer(nn.Module):
     """Differentiable S(q,p) and S'(q,s) for a batch of queries × their k+1 passages."""
 
-    def __init__(self, encoder: Encoder, sentence_marker: str = "Q'"):
+    def __init__(self, encoder: Encoder, sentence_marker: str = "Q'", in_batch: bool = False):
         super().__init__()
         self.encoder = encoder
         self.sentence_marker = sentence_marker
+        #: Score every query against every passage of the batch (the others' are extra negatives).
+        self.in_batch = in_batch
         self._passage_cache: dict = {}
+        self._cache_limit = 200_000
 
     def passage_batch(self, passages: Sequence[dict]):
         rows, scored, segments, n_sent = [], [], [], []
         for p in passages:
             key = p["text"]
             if key not in self._passage_cache:
+                if len(self._passage_cache) >= self._cache_limit:
+                    self._passage_cache.clear()  # the full SQuAD train set would otherwise keep every paragraph
                 row, keep, offsets = self.encoder.passage_inputs(p["text"])
                 seg = token_segments(torch.tensor(offsets, dtype=torch.long), [tuple(s) for s in p["sentences"]])
                 self._passage_cache[key] = (row, torch.tensor(keep), seg)
@@ -134,7 +182,8 @@ class StudentScorer(nn.Module):
         return self.encoder(ids, attention), present.bool()  # every row position that exists is scored
 
     def forward(self, batch: Sequence[dict]):
-        """Student passage scores ``[B, P]``, sentence scores ``[B, P, S]`` and the sentence mask."""
+        """Student passage scores ``[B, P]`` (``[B, B·P]`` with in-batch negatives: query b's own
+        passages at columns b·P … b·P+P−1), sentence scores ``[B, P, S]`` and the sentence mask."""
         n_p = len(batch[0]["passages"])
         if any(len(r["passages"]) != n_p for r in batch):
             raise ValueError("every query of a batch needs the same number of passages")
@@ -154,6 +203,11 @@ class StudentScorer(nn.Module):
         neg = torch.finfo(docs.dtype).min
         sim = torch.einsum("bqd,bptd->bpqt", q, docs).masked_fill(~doc_mask.unsqueeze(2), neg)
         passage = (sim.amax(dim=-1) * q_mask.unsqueeze(1)).sum(dim=-1)
+        if self.in_batch and len(batch) > 1:
+            flat_docs = docs.reshape(len(batch) * n_p, width, -1)
+            cross = torch.einsum("bqd,ctd->bcqt", q, flat_docs).masked_fill(
+                ~doc_mask.reshape(len(batch) * n_p, width).unsqueeze(0).unsqueeze(2), neg)
+            passage = (cross.amax(dim=-1) * q_mask.unsqueeze(1)).sum(dim=-1)  # [B, B·P]
         s_sim = sim if qs is q else torch.einsum("bqd,bptd->bpqt", qs, docs).masked_fill(~doc_mask.unsqueeze(2), neg)
         # Segment max over each sentence's tokens: tokens outside sentences go to a spare slot.
         index = torch.where(seg_ids >= 0, seg_ids, torch.full_like(seg_ids, n_sent))
@@ -180,11 +234,23 @@ def teacher_tensors(batch: Sequence[dict], n_sent: int) -> Tuple[torch.Tensor, t
     return passage, sentence
 
 
+def in_batch_teacher(t_passage: torch.Tensor) -> torch.Tensor:
+    """``[B, P]`` teacher passage logits → ``[B, B·P]``: another query's passage gets this query's
+    lowest teacher logit (it is a negative, no more relevant than the worst of its own)."""
+    b, p = t_passage.shape
+    out = t_passage.amin(dim=1, keepdim=True).expand(b, b * p).clone()
+    for i in range(b):
+        out[i, i * p:(i + 1) * p] = t_passage[i]
+    return out
+
+
 def make_loss(scorer: StudentScorer, criterion: MultiGranularKLLoss, log: Optional[list] = None):
     def loss(batch: Sequence[dict]) -> torch.Tensor:
         passage, sentence, mask = scorer(batch)
         t_passage, t_sentence = teacher_tensors(batch, sentence.shape[-1])
-        out = criterion(t_passage, passage, t_sentence, sentence, mask)
+        if passage.shape[-1] != t_passage.shape[-1]:
+            t_passage = in_batch_teacher(t_passage)
+        out = criterion(t_passage, passage, t_sentence, sentence, mask, own_passages=sentence.shape[1])
         if log is not None:
             log.append({k: float(v) for k, v in out.items()})
         return out["loss"]
@@ -192,11 +258,12 @@ def make_loss(scorer: StudentScorer, criterion: MultiGranularKLLoss, log: Option
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    from .data import read
     from .loop import LoopSettings, train
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True, help="distillation JSONL (python -m training.teachers score)")
+    parser.add_argument("--data", required=True, nargs="+",
+                        help="distillation JSONL (python -m training.teachers score|labels); several files are "
+                             "mixed, FILE@N repeats one N times (e.g. a small second source)")
     parser.add_argument("--out", required=True, help="run folder; the model is written to <out>/final")
     parser.add_argument("--sentence-marker", choices=("Q", "Q'"), default="Q'",
                         help="query marker of the sentence loss (Q': AGRaME; Q: ablation A3)")
@@ -215,18 +282,30 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--warmup", type=float, default=0.1)
     parser.add_argument("--minutes", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init-model", default=None,
+                        help="start from this model's weights and projection (e.g. python -m training.projection's "
+                             "projected zero-shot model, so that training.interpolate can mix the two) instead of "
+                             "MiniLM with a projection from the first training passages")
+    parser.add_argument("--layer-lr-decay", type=float, default=1.0,
+                        help="learning rate × this per layer below the top one (1: one rate for all)")
+    parser.add_argument("--in-batch", action="store_true",
+                        help="other queries' passages of the batch are extra passage-loss negatives")
     args = parser.parse_args(argv)
     if args.sentence_weight == 0:
         # The ColBERT baseline has one query encoding; it ranks sentences with [Q] too.
         args.sentence_marker = "Q"
     torch.manual_seed(args.seed)
-    examples = read(args.data)
+    examples = read_mixture(args.data)
     encoder = student_encoder(args.dim, args.query_augmentation, args.doc_maxlen)
     out = Path(args.out)
-    if not (out / "checkpoint.pt").exists():
+    if args.init_model:
+        start_from(encoder, load_encoder(args.init_model))
+    elif not (out / "checkpoint.pt").exists():
         init_projection(encoder, [e["passages"][0]["text"] for e in examples[:128]])
     params = trainable_parameters(encoder, args.layers)
-    scorer = StudentScorer(encoder, args.sentence_marker)
+    if args.layer_lr_decay != 1.0:
+        params = layerwise_groups(encoder, params, args.layer_lr_decay)
+    scorer = StudentScorer(encoder, args.sentence_marker, in_batch=args.in_batch)
     criterion = MultiGranularKLLoss(args.weighting, args.sentence_weight)
     settings = LoopSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
                             seed=args.seed, minutes=args.minutes, checkpoint_every=25)

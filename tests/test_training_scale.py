@@ -1,0 +1,171 @@
+"""The scaled recipe's pieces: in-batch negatives, layer-wise rates, data mixing, mined negatives,
+resumable data writing, WiSE-FT interpolation and the held-out evaluation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from training.interpolate import interpolate, projection_agreement
+from training.losses import MultiGranularKLLoss
+from training.mined import choose_negatives, heldout_articles, write_resumable
+from training.student import (StudentScorer, in_batch_teacher, layerwise_groups, make_loss, read_mixture,
+                              trainable_parameters)
+
+from test_training import record
+
+
+@pytest.fixture
+def encoder(make_tiny_encoder):
+    enc = make_tiny_encoder(doc_maxlen=64, query_maxlen=8)
+    return enc.with_settings(markers={"Q": "[unused0]", "Q'": "[unused2]", "D": "[unused1]"},
+                             span_query_marker="Q'")
+
+
+def test_in_batch_scores_hold_every_pair_and_the_own_block(encoder):
+    batch = [record("why do reefs bleach", [0, 1, 2]), record("who built the tower", [2, 3, 0])]
+    with torch.no_grad():
+        own, sentence, _ = StudentScorer(encoder, "Q'").eval()(batch)
+        every, sentence_ib, _ = StudentScorer(encoder, "Q'", in_batch=True).eval()(batch)
+    assert every.shape == (2, 6)
+    for b in range(2):  # the own block is the plain score; every other column scores the same text alike
+        assert torch.allclose(every[b, 3 * b:3 * b + 3], own[b], atol=1e-5)
+        for c in range(6):
+            text = batch[c // 3]["passages"][c % 3]["text"]
+            same = [p for p, x in enumerate(batch[b]["passages"]) if x["text"] == text]
+            if same:
+                assert float(every[b, c]) == pytest.approx(float(own[b, same[0]]), abs=1e-4)
+    assert torch.allclose(sentence, sentence_ib)
+
+
+def test_in_batch_teacher_and_loss():
+    t = torch.tensor([[5.0, 0.0, 1.0], [2.0, -1.0, 0.0]])
+    full = in_batch_teacher(t)
+    assert full.tolist() == [[5.0, 0.0, 1.0, 0.0, 0.0, 0.0], [-1.0, -1.0, -1.0, 2.0, -1.0, 0.0]]
+    loss = MultiGranularKLLoss()
+    s_sent = torch.randn(2, 3, 4)
+    t_sent = torch.randn(2, 3, 4)
+    mask = torch.ones(2, 3, 4, dtype=torch.bool)
+    student = torch.randn(2, 6)
+    out = loss(full, student, t_sent, s_sent, mask, own_passages=3)
+    # The sentence weights come from each query's own block: equal to the plain loss's L_sent.
+    plain = loss(t, student[:, :3], t_sent, s_sent, mask)
+    assert float(out["sentence"]) == pytest.approx(float(plain["sentence"]), abs=1e-6)
+
+
+def test_in_batch_training_step_runs(encoder):
+    trainable_parameters(encoder, 1)
+    scorer = StudentScorer(encoder, "Q'", in_batch=True)
+    value = make_loss(scorer, MultiGranularKLLoss())([record("reefs", [0, 1, 2]), record("tower", [2, 3, 0])])
+    value.backward()
+    assert torch.isfinite(value)
+
+
+def test_layerwise_groups_scale_by_depth(encoder):
+    params = trainable_parameters(encoder, 2)
+    groups = layerwise_groups(encoder, params, 0.5)
+    blocks = list(encoder.backbone.encoder.layer)
+    scale = {id(p): g["lr_scale"] for g in groups for p in g["params"]}
+    assert all(scale[id(p)] == 1.0 for p in blocks[-1].parameters())
+    assert all(scale[id(p)] == 0.5 for p in blocks[-2].parameters())
+    assert scale[id(encoder.projection.weight)] == 1.0
+    assert sum(len(g["params"]) for g in groups) == len(params)
+
+
+def test_loop_applies_group_rates(encoder, tmp_path):
+    from training.loop import LoopSettings, train
+
+    params = trainable_parameters(encoder, 2)
+    groups = layerwise_groups(encoder, params, 0.0)  # rate 0 below the top layer: it must not move
+    low = list(encoder.backbone.encoder.layer)[-2].attention.self.query.weight
+    top = list(encoder.backbone.encoder.layer)[-1].attention.self.query.weight
+    low0, top0 = low.detach().clone(), top.detach().clone()
+    scorer = StudentScorer(encoder, "Q'")
+    train(scorer, [record("reefs", [0, 1, 2])] * 2, make_loss(scorer, MultiGranularKLLoss()),
+          LoopSettings(steps=2, batch_size=1, lr=1e-2, warmup=0.0, weight_decay=0.0), tmp_path, params=groups)
+    assert torch.equal(low.detach(), low0)
+    assert not torch.equal(top.detach(), top0)
+
+
+def test_read_mixture_repeats_and_refuses_mixed_counts(tmp_path):
+    a, b, c = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
+    a.write_text("\n".join(json.dumps({"q": i, "passages": [1, 2]}) for i in range(3)) + "\n")
+    b.write_text(json.dumps({"q": "b", "passages": [1, 2]}) + "\n")
+    c.write_text(json.dumps({"q": "c", "passages": [1, 2, 3]}) + "\n")
+    got = read_mixture([str(a), f"{b}@3"])
+    assert [r["q"] for r in got] == [0, 1, 2, "b", "b", "b"]
+    with pytest.raises(SystemExit, match="mix"):
+        read_mixture([str(a), str(c)])
+    with pytest.raises(SystemExit, match="FILE@N"):
+        read_mixture([f"{a}@x"])
+
+
+def test_choose_negatives_mixes_model_and_bm25_and_skips_false_negatives():
+    texts = ["gold text", "Paris is here", "model one", "model two", "bm25 one", "bm25 two", "model three"]
+    # 1 holds the answer: never a negative; the gold paragraph is skipped in both rankings.
+    got = choose_negatives(0, "Paris", by_model=[0, 1, 2, 3, 6], by_bm25=[1, 4, 2, 5], texts=texts,
+                           negatives=4, mined=2)
+    assert got == [2, 3, 4, 5]
+    # BM25 runs short: the model's ranking fills the rest; too few clean ones: None.
+    assert choose_negatives(0, "Paris", [2, 3, 6], [4], texts, 4, 1) == [2, 4, 3, 6]
+    assert choose_negatives(0, "Paris", [1], [4], texts, 3, 1) is None
+    assert choose_negatives(0, "Paris", [], [4, 5, 2], texts, 2, 2) == [4, 5]  # no model: BM25 only
+
+
+def test_heldout_articles_are_seeded():
+    assert heldout_articles(100, 0.05, 0) == heldout_articles(100, 0.05, 0)
+    assert len(heldout_articles(100, 0.05, 0)) == 5
+    assert heldout_articles(100, 0.0, 0) == set()
+
+
+def test_write_resumable_continues_without_duplicates(tmp_path):
+    out = tmp_path / "out.jsonl"
+    items = [{"i": i, "skipped": i % 7 == 3} for i in range(1000)]
+
+    def records(start, stop_at=None):
+        for k in range(start, len(items)):
+            if stop_at is not None and k == stop_at:
+                raise KeyboardInterrupt
+            yield dict(items[k])
+
+    with pytest.raises(KeyboardInterrupt):
+        write_resumable(lambda s: records(s, stop_at=600), len(items), out, "test")
+    assert not out.exists()
+    written = write_resumable(records, len(items), out, "test")
+    got = [json.loads(line)["i"] for line in out.read_text().splitlines()]
+    assert got == [i for i in range(1000) if i % 7 != 3]
+    assert written == len(got)
+    assert not list(tmp_path.glob("*.partial*"))
+
+
+def test_interpolation_endpoints_and_midpoint(make_tiny_encoder):
+    a = make_tiny_encoder(seed=1, dim=16)
+    b = make_tiny_encoder(seed=2, dim=16)
+    with torch.no_grad():
+        b.projection.weight.copy_(a.projection.weight + 0.01)
+    assert projection_agreement(a, b) > 0.9
+    for mix in (0.0, 0.5, 1.0):
+        m = interpolate(a, b, mix)
+        for (name, x), y, z in zip(m.backbone.state_dict().items(), a.backbone.state_dict().values(),
+                                   b.backbone.state_dict().values()):
+            if x.is_floating_point():
+                assert torch.allclose(x, (1 - mix) * y + mix * z, atol=1e-6), name
+        assert torch.allclose(m.projection.weight, (1 - mix) * a.projection.weight + mix * b.projection.weight)
+        assert m.settings == b.settings
+    with pytest.raises(ValueError):
+        interpolate(a, b, 1.5)
+
+
+def test_held_out_evaluation_finds_the_planted_answer(encoder):
+    from training.choose_mix import best_setting, evaluate
+
+    r = record("bleach reefs warm water", [0, 1, 2], teacher=(5.0, 0.0, 0.0))
+    r["passages"][0]["answer_sentences"] = [0]
+    out = evaluate(encoder, [r, r], grid=(0.0, 1.0))
+    assert out["questions"] == 2 and set(out["sentence_p1_by_alpha"]) == {"0.0", "1.0"}
+    assert all(v in (0.0, 100.0) for v in out["sentence_p1_by_alpha"].values())
+    rows = {"mix=0": {"x": {"sentence_p1_by_alpha": {"0.5": 40.0, "1.0": 50.0}}},
+            "mix=1": {"x": {"sentence_p1_by_alpha": {"0.5": 45.0, "1.0": 45.0}}}}
+    assert best_setting(rows) == {"model": "mix=0", "alpha": 1.0, "mean_sentence_p1": 50.0}

@@ -1,0 +1,122 @@
+"""Choose the WiSE-FT mixing coefficient λ (and α) on held-out *train* data, in and out of domain.
+
+    python -m training.choose_mix --start runs/models/a1-init --tuned default --mix 0 0.25 0.5 0.75 1 \\
+        --held squad=runs/train/squad-train.jsonl:3500:300 --held scifact=runs/big/scifact-heldout.jsonl \\
+        --reference zero-shot --out runs/choose-mix.json
+
+Every held-out record is a question with its gold passage and k negatives; each model ranks
+the passages (P@1) and every sentence of them (sentence P@1 for each α of the grid) —
+:func:`training.choose_alpha.sentence_p1_by_alpha`'s protocol. Held-out sets: SQuAD train
+questions the student never saw (``FILE:skip:limit``) and SciFact *train* claims held out by
+``training.mined scifact``: one in the training domain, one outside it, neither a reported
+split. λ (with its best α) maximises the mean sentence P@1 over the sets; ``--reference``
+models (zero-shot MiniLM) are measured alike, so "never worse than zero-shot" is checked on
+the same questions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+import torch
+
+from agrame import scoring
+from agrame.corpus import EncodedCorpus, as_passages
+from agrame.encoder import Encoder, load_encoder
+from agrame.ranker import Ranker
+
+from .choose_alpha import GRID
+
+
+def load_model(spec: str) -> Encoder:
+    return load_encoder(None if spec == "default" else spec)
+
+
+def evaluate(encoder: Encoder, records: Sequence[dict], grid: Sequence[float] = GRID) -> dict:
+    """Passage P@1 among each record's passages, and sentence P@1 over all their sentences per α."""
+    ranker = Ranker(encoder)
+    hits = {a: 0 for a in grid}
+    passage_hits = 0
+    for r in records:
+        items = as_passages([(str(k), p["text"]) for k, p in enumerate(r["passages"])])
+        encoded = encoder.encode_passages([p.text for p in items], batch_size=ranker.batch_size)
+        # The record's own sentences (SciFact's are the dataset's), so the gold passage's answer
+        # sentences are the first global sentence indices.
+        corpus = EncodedCorpus.build(items, encoded, sentences=[p["sentences"] for p in r["passages"]])
+        q, s = ranker.encode_query(r["question"], "sentence")
+        passage = scoring.segment_maxsim(scoring.similarity(q, corpus.vectors.float()), corpus.token_passage,
+                                         len(corpus))
+        passage_hits += int(torch.sort(passage, descending=True, stable=True).indices[0]) == 0
+        sentence = scoring.segment_maxsim(scoring.similarity(s, corpus.vectors.float()), corpus.token_sentence,
+                                          int(corpus.sentences.shape[0]))
+        owner = corpus.sentence_passage
+        gold = set(r["passages"][0]["answer_sentences"])
+        for a in grid:
+            combined = scoring.combined_score(sentence, passage[owner], a)
+            hits[a] += int(torch.sort(combined, descending=True, stable=True).indices[0]) in gold
+    n = max(1, len(records))
+    return {"questions": len(records), "passage_p1": round(100 * passage_hits / n, 1),
+            "sentence_p1_by_alpha": {str(a): round(100 * h / n, 1) for a, h in hits.items()}}
+
+
+def read_held(spec: str) -> tuple:
+    from .data import read
+
+    name, _, rest = spec.partition("=")
+    path, *window = rest.split(":")
+    records = read(path)
+    if window:
+        skip, limit = int(window[0]), int(window[1]) if len(window) > 1 else None
+        records = records[skip:skip + limit] if limit else records[skip:]
+    return name, records
+
+
+def best_setting(rows: Dict[str, Dict[str, dict]]) -> dict:
+    """(model, α) with the highest mean sentence P@1 over the held-out sets."""
+    best = None
+    for model, sets in rows.items():
+        for a in next(iter(sets.values()))["sentence_p1_by_alpha"]:
+            mean = sum(s["sentence_p1_by_alpha"][a] for s in sets.values()) / len(sets)
+            key = (mean, -abs(float(a) - 0.5))
+            if best is None or key > best[0]:
+                best = (key, {"model": model, "alpha": float(a), "mean_sentence_p1": round(mean, 2)})
+    return best[1]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    from .interpolate import interpolate, projection_agreement
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--start", required=True, help="θ₀ (the model training started from)")
+    parser.add_argument("--tuned", required=True, help="θ₁ ('default' = the shipped model)")
+    parser.add_argument("--mix", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
+    parser.add_argument("--held", action="append", required=True, help="NAME=FILE[:skip[:limit]] (repeatable)")
+    parser.add_argument("--reference", action="append", default=[], help="models measured alike (e.g. zero-shot)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    held = [read_held(h) for h in args.held]
+    start, tuned = load_model(args.start), load_model(args.tuned)
+    if projection_agreement(start, tuned) < 0.5:
+        raise SystemExit("error: --tuned was not trained from --start's projection (training.interpolate)")
+    rows: Dict[str, Dict[str, dict]] = {}
+    for mix in args.mix:
+        model = interpolate(start, tuned, mix)
+        rows[f"mix={mix:g}"] = {name: evaluate(model, records) for name, records in held}
+        print(f"mix={mix:g}", json.dumps(rows[f"mix={mix:g}"]), flush=True)
+    mixes = dict(rows)
+    for ref in args.reference:
+        rows[ref] = {name: evaluate(load_model(ref), records) for name, records in held}
+        print(ref, json.dumps(rows[ref]), flush=True)
+    result = {"start": args.start, "tuned": args.tuned, "held_out": {n: len(r) for n, r in held},
+              "held_out_files": args.held, "rows": rows, "best": best_setting(mixes),
+              "command": "python -m training.choose_mix " + " ".join(argv if argv is not None else __import__("sys").argv[1:])}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["best"]))
+
+
+if __name__ == "__main__":
+    main()

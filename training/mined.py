@@ -1,0 +1,254 @@
+"""The scaled training set: every SQuAD train question, negatives mined with a model, SciFact train.
+
+    python -m training.mined squad --out runs/big/squad.jsonl --heldout runs/big/squad-heldout.jsonl \\
+        --negatives 7 --mined 4 --mine-model default --index runs/big/train-index
+    python -m training.mined scifact --out runs/big/scifact.jsonl --heldout runs/big/scifact-heldout.jsonl
+
+Records have :mod:`training.data`'s format (gold paragraph first, then ``--negatives``
+negatives), so ``python -m training.teachers labels`` and the student read them unchanged.
+
+- **Questions**: all of them (87,599 in SQuAD v1.1 train), not one per paragraph. Whole
+  *articles* are held out (``--heldout-share`` of them, seeded): held-out questions never
+  share a paragraph, or an article, with training ones, so choices made on them (steps,
+  interpolation, α) are not flattered by paragraphs the model was trained on.
+- **Negatives**: ``--mined`` of them are the model's own top-ranked train paragraphs — a
+  search of an AGRaME index of all train paragraphs (built once at ``--index``), i.e. what
+  the model confuses today — and the rest BM25's; in both, the gold paragraph and any
+  paragraph containing the normalised answer are skipped (likely false negatives).
+- **SciFact train** (claims with rationales): the first cited abstract with rationales is
+  the positive, its rationale sentences the "answer sentences"; negatives are BM25's top
+  abstracts with no rationale for the claim. Sentences are the dataset's own.
+
+Writing is resumable: records go to ``<out>.partial`` in a fixed order and a rerun skips the
+ones already there; the file is renamed to ``--out`` when complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+from tqdm import tqdm
+
+from agrame.spans import split_sentences
+
+from .data import answer_sentences
+
+
+def heldout_articles(n_articles: int, share: float, seed: int) -> set:
+    k = max(1, round(share * n_articles)) if share > 0 else 0
+    return set(random.Random(seed).sample(range(n_articles), k))
+
+
+def squad_questions(seed: int, heldout_share: float) -> Tuple[List[tuple], List[tuple], List[dict]]:
+    """(train, held-out) lists of ``(paragraph index, qa)`` in a seeded order, and the paragraphs."""
+    from benchmarks.common import squad_paragraphs
+
+    paragraphs = squad_paragraphs("train")
+    held = heldout_articles(1 + max(p["article"] for p in paragraphs), heldout_share, seed)
+    train, heldout = [], []
+    for i, p in enumerate(paragraphs):
+        for qa in p["qas"]:
+            (heldout if p["article"] in held else train).append((i, qa))
+    rng = random.Random(seed)
+    rng.shuffle(train)
+    rng.shuffle(heldout)
+    return train, heldout, paragraphs
+
+
+class Miner:
+    """Top train paragraphs of a question by the model (AGRaME index search) and by BM25."""
+
+    def __init__(self, texts: Sequence[str], model: Optional[str], index_path: Optional[Path], depth: int = 30):
+        from benchmarks.bm25 import PoolBM25
+
+        self.texts = texts
+        self.depth = depth
+        self.bm25 = PoolBM25(texts)
+        self.index = None
+        if model is not None:
+            from agrame.encoder import load_encoder
+            from agrame.index import Index, build_index
+
+            encoder = load_encoder(None if model == "default" else model)
+            if index_path is None:
+                raise SystemExit("error: --mine-model needs --index (the folder of the train-paragraph index)")
+            if not (index_path / "manifest.json").exists():
+                build_index(encoder, [(f"train-{i}", t) for i, t in enumerate(texts)], index_path)
+            self.index = Index(index_path, model=encoder)
+
+    def ranked(self, questions: Sequence[str]) -> Tuple[List[List[int]], List[List[int]]]:
+        """Per question: the model's ranking (empty without a model) and BM25's, as paragraph indices."""
+        docs, _ = self.bm25.retrieve(list(questions), k=self.depth)
+        by_bm25 = [row.tolist() for row in docs]
+        by_model: List[List[int]] = [[] for _ in questions]
+        if self.index is not None:
+            for k, question in enumerate(questions):
+                hits = self.index.search(question, granularity="passage", top_k=self.depth, per_hit=2)
+                by_model[k] = [int(h.passage_id.split("-", 1)[1]) for h in hits]
+        return by_model, by_bm25
+
+
+def choose_negatives(gold: int, answer: str, by_model: Sequence[int], by_bm25: Sequence[int], texts: Sequence[str],
+                     negatives: int, mined: int) -> Optional[List[int]]:
+    """``mined`` clean negatives from the model's ranking, the rest from BM25's (no repeats);
+    None when there are too few clean ones (the question is skipped rather than padded)."""
+    from benchmarks.metrics import has_answer
+
+    chosen: List[int] = []
+
+    def take(ranking: Sequence[int], limit: int) -> None:
+        for d in ranking:
+            if len(chosen) >= limit:
+                return
+            if d == gold or d in chosen or has_answer(texts[d], [answer]):
+                continue
+            chosen.append(d)
+
+    take(by_model, min(mined, negatives))
+    take(by_bm25, negatives)
+    take(by_model, negatives)  # BM25 ran short: more of the model's
+    return chosen if len(chosen) == negatives else None
+
+
+def squad_records(items: Sequence[tuple], paragraphs: List[dict], miner: Miner, negatives: int, mined: int,
+                  start: int = 0, batch: int = 256) -> Iterator[dict]:
+    texts = miner.texts
+    cache: Dict[int, List[List[int]]] = {}
+
+    def sentences_of(i: int) -> List[List[int]]:
+        if i not in cache:
+            if len(cache) > 50_000:
+                cache.clear()
+            cache[i] = [list(s) for s in split_sentences(texts[i])]
+        return cache[i]
+
+    for b in range(start - start % batch, len(items), batch):
+        part = items[b:b + batch]
+        by_model, by_bm25 = miner.ranked([qa["question"] for _, qa in part])
+        for k, ((p_index, qa), m, r) in enumerate(zip(part, by_model, by_bm25)):
+            if b + k < start:
+                continue
+            negs = choose_negatives(p_index, qa["answer"], m, r, texts, negatives, mined)
+            record = {"qid": qa["id"], "question": qa["question"], "answer": qa["answer"], "source": "squad"}
+            if negs is None:
+                yield {**record, "skipped": True}
+                continue
+            start_char = qa["answer_start"]
+            gold_sentences = sentences_of(p_index)
+            record["passages"] = [
+                {"pid": f"train-{p_index}", "text": texts[p_index], "sentences": gold_sentences, "positive": True,
+                 "answer_sentences": answer_sentences(gold_sentences, start_char, start_char + len(qa["answer"]))}]
+            record["passages"] += [{"pid": f"train-{d}", "text": texts[d], "sentences": sentences_of(d),
+                                    "positive": False, "answer_sentences": []} for d in negs]
+            yield record
+
+
+def scifact_records(claims: Sequence[dict], negatives: int, depth: int = 50) -> Iterator[dict]:
+    from benchmarks.bm25 import PoolBM25
+    from benchmarks.cross_domain import load_scifact
+
+    doc_ids, texts, spans, index_maps = load_scifact()
+    position = {d: k for k, d in enumerate(doc_ids)}
+    bm25 = PoolBM25(texts)
+    docs, _ = bm25.retrieve([c["claim"] for c in claims], k=depth)
+    for claim, ranked in zip(claims, docs):
+        evidence = {position[int(d)]: sets for d, sets in claim["evidence"].items() if int(d) in position}
+        if not evidence:
+            continue
+        gold = min(evidence)  # deterministic: the lowest corpus position among the rationale abstracts
+        gold_sentences = sorted({index_maps[gold][s] for rs in evidence[gold] for s in rs["sentences"]
+                                 if s in index_maps[gold]})
+        negs = [d for d in ranked.tolist() if d not in evidence][:negatives]
+        if not gold_sentences or len(negs) < negatives:
+            continue
+        passages = [{"pid": f"scifact-{doc_ids[gold]}", "text": texts[gold], "sentences": [list(s) for s in spans[gold]],
+                     "positive": True, "answer_sentences": gold_sentences}]
+        passages += [{"pid": f"scifact-{doc_ids[d]}", "text": texts[d], "sentences": [list(s) for s in spans[d]],
+                      "positive": False, "answer_sentences": []} for d in negs]
+        yield {"qid": f"scifact-{claim['id']}", "question": claim["claim"], "answer": "", "source": "scifact",
+               "passages": passages}
+
+
+def write_resumable(records_from, total: int, out: Path, desc: str) -> int:
+    """Append records to ``<out>.partial`` (a rerun continues after the last complete line), then rename.
+
+    ``records_from(start)`` yields the records from position ``start``; skipped questions are
+    counted as positions but not written, so positions are tracked in a side file.
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    done_file = out.with_name(out.name + ".partial.done")  # "<position> <bytes>" of the last flush
+    start, size = 0, 0
+    if partial.exists() and done_file.exists():
+        start, size = (int(x) for x in done_file.read_text().split())
+    with open(partial, "ab") as f:
+        f.truncate(size)  # lines written after the last recorded flush are written again
+    written = sum(1 for _ in open(partial, "rb"))
+    bar = tqdm(total=total, initial=start, desc=desc, disable=None)
+    with open(partial, "a", encoding="utf-8") as f:
+        position = start
+        for record in records_from(start):
+            if not record.pop("skipped", False):
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                written += 1
+            position += 1
+            bar.update(1)
+            if position % 256 == 0:
+                f.flush()
+                done_file.write_text(f"{position} {f.tell()}")
+    bar.close()
+    partial.replace(out)
+    done_file.unlink(missing_ok=True)
+    return written
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="source", required=True)
+    sq = sub.add_parser("squad", help="all SQuAD v1.1 train questions")
+    sq.add_argument("--mined", type=int, default=4, help="negatives from the model's ranking (the rest: BM25)")
+    sq.add_argument("--mine-model", default="default", help="model whose ranking gives the mined negatives "
+                                                            "('default', 'zero-shot' or a folder; 'none': BM25 only)")
+    sq.add_argument("--index", type=Path, default=None, help="index of the train paragraphs (built if missing)")
+    sq.add_argument("--heldout-questions", type=int, default=2000, help="held-out questions written (of the held-out articles)")
+    sf = sub.add_parser("scifact", help="SciFact train claims with rationales")
+    for p in (sq, sf):
+        p.add_argument("--out", type=Path, required=True)
+        p.add_argument("--heldout", type=Path, required=True, help="held-out records (articles / claims) for choosing")
+        p.add_argument("--heldout-share", type=float, default=0.05 if p is sq else 0.2)
+        p.add_argument("--negatives", type=int, default=7, help="k negatives per question")
+        p.add_argument("--limit", type=int, default=None, help="only the first N training questions")
+        p.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.source == "squad":
+        train, heldout, paragraphs = squad_questions(args.seed, args.heldout_share)
+        train = train[:args.limit] if args.limit else train
+        heldout = heldout[:args.heldout_questions]
+        model = None if args.mine_model == "none" else args.mine_model
+        miner = Miner([p["context"] for p in paragraphs], model, args.index)
+        for items, out in ((heldout, args.heldout), (train, args.out)):
+            if out.exists():
+                print(f"{out} exists: kept")
+                continue
+            n = write_resumable(lambda s, items=items: squad_records(items, paragraphs, miner, args.negatives,
+                                                                      args.mined, start=s),
+                                len(items), out, out.name)
+            print(f"wrote {n} of {len(items)} questions to {out}")
+        return
+    from benchmarks.cross_domain import load_claims
+
+    claims = load_claims("train")
+    random.Random(args.seed).shuffle(claims)
+    n_held = round(args.heldout_share * len(claims))
+    from .data import write_jsonl
+    for part, out in ((claims[:n_held], args.heldout), (claims[n_held:][:args.limit] if args.limit else claims[n_held:],
+                                                        args.out)):
+        print(f"wrote {write_jsonl(scifact_records(part, args.negatives), out)} claims to {out}")
+
+
+if __name__ == "__main__":
+    main()

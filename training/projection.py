@@ -1,0 +1,58 @@
+"""Untrained MiniLM with a fixed 128-d projection: the zero-shot model at the index's size.
+
+    python -m training.projection --out runs/zero-shot-128 [--dim 128 --passages 1024 --seed 0]
+
+Zero-shot MiniLM gives 384-d token vectors; a compressed index then stores 96 bytes of
+2-bit residuals per token instead of 32. A *random* projection ruins ranking, but the top
+right singular vectors of MiniLM's own token vectors keep nearly all of their dot products
+(MaxSim's quantity), so this model needs no training: the projection comes from the token
+vectors of ``--passages`` random SQuAD *train* paragraphs (never a benchmark split). It
+keeps the zero-shot query settings (no markers, no [MASK] padding, α 0.5) and is also the
+starting point θ₀ of training and of weight-space interpolation (``training.interpolate``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from agrame.encoder import ZERO_SHOT, Encoder, load_encoder, zero_shot_settings
+
+
+def projected_zero_shot(dim: int = 128, passages: int = 1024, seed: int = 0) -> Encoder:
+    """Zero-shot MiniLM with its ``dim`` principal (uncentred) token directions as projection."""
+    from benchmarks.common import squad_paragraphs
+
+    from .student import init_projection
+
+    base = load_encoder(ZERO_SHOT)
+    settings = zero_shot_settings()
+    settings.dim = dim
+    texts = [p["context"] for p in squad_paragraphs("train")]
+    texts = random.Random(seed).sample(texts, min(passages, len(texts)))
+    projection = nn.Linear(base.dim, dim, bias=False)
+    encoder = Encoder(base.backbone, base.tokenizer, settings, projection, source="zero-shot-projected")
+    with torch.inference_mode():
+        init_projection(encoder, texts)
+    return encoder
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="checkpoint folder to write")
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--passages", type=int, default=1024, help="SQuAD train paragraphs for the SVD")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    encoder = projected_zero_shot(args.dim, args.passages, args.seed)
+    encoder.save(Path(args.out))
+    print(f"wrote {args.out}: zero-shot MiniLM, {args.dim}-d projection from {args.passages} SQuAD train paragraphs")
+
+
+if __name__ == "__main__":
+    main()
