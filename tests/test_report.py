@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.report import render_trained
+from benchmarks.report import render_default_choice, render_trained
 
 
 def _open(method: str, tag, psg: float, sent: float, first_stage: str = "bm25 top-20") -> dict:
@@ -21,7 +21,7 @@ def test_trained_table_rows_and_targets():
         _open("colbert-zeroshot-psg", "agrame-A1", 77.5, 69.0),
     ]}
     text = render_trained(grouped)
-    assert "| **AGRaME A1** (shipped): train and rank [Q'] | 77.5 / 69.0 | – |" in text
+    assert "| AGRaME A1 (`squad-a1`, the default before issue 13): train and rank [Q'] | 77.5 / 69.0 | – |" in text
     assert "| zero-shot MiniLM, sentences encoded alone | 76.0 / 58.0 |" in text
     assert "AGRaME A3" not in text  # rows without any result are left out
     # +9.0 over zero-shot, +11.0 over the best sentence-encoded (58.0), −0.5 passage P@1 against ColBERT
@@ -49,3 +49,21 @@ def test_index_search_section_from_inline_results():
     assert "| BM25 top-100, re-ranked [shipped] | 10 of 10 | 49.0 | 88.4 (BM25) | 39.0 | 69.0 | – | – |" in text
     assert ("| agrame compressed index, 2-bit residuals, nprobe 4, ncandidates 256, per hit 1 | 10 of 10 | 50.0 | 90.0 "
             "| 40.0 | 70.0 | 98.5 | 99.0 |") in text
+
+
+def test_default_choice_section_compares_with_zero_shot():
+    def full(tag, dataset, psg, sent):
+        return {"benchmark": "open_domain", "dataset": dataset, "method": "colbert-zeroshot-psg", "tag": tag,
+                "first_stage": "bm25 top-100", "model": "m", "sample": {"questions": 5},
+                "machine": {"cpus": 2, "torch_threads": 2},
+                "metrics": {"psg_p1": psg, "psg_r5": 90.0, "sent_p1": sent, "sent_r5": 80.0},
+                "command": "python -m benchmarks.open_domain", "date": "2026-11-23"}
+
+    grouped = {"open_domain": [full("zeroshot-full", "squad-dev", 77.0, 66.0), full("shipped", "squad-dev", 76.0, 66.5),
+                               _open("colbert-zeroshot-psg", "zeroshot", 77.0, 60.0),
+                               _open("colbert-zeroshot-psg", "agrame-A1", 76.0, 61.5)]}
+    text = render_default_choice(grouped)
+    assert "| zero-shot MiniLM (**the default**) | 77.0 | 90.0 | 66.0 | 80.0 |" in text
+    assert "| `squad-a1` − zero-shot | -1.0 | +0.0 | +0.5 | +0.0 |" in text
+    assert "| `squad-a1` − zero-shot | -1.0 / +1.5 | – |" in text
+    assert render_default_choice({"open_domain": [full("shipped", "squad-dev", 1.0, 1.0)]}) is None

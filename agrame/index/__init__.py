@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..corpus import Passage
+from ..corpus import Passage, PassageLike, as_passages
 from ..encoder import Encoder
 from .codec import ResidualCodec, num_centroids
 from .format import IndexFolderError, check_model, index_model_name, read_manifest
@@ -27,14 +27,16 @@ from .store import Store, add_passages, build_compressed, verify_crc
 DEFAULT_FORMAT = 2
 
 
-def build_index(encoder: Encoder, passages: Sequence[Passage], path: str | Path, *, format: int = DEFAULT_FORMAT,
+def build_index(encoder: Encoder, passages: Sequence[PassageLike], path: str | Path, *, format: int = DEFAULT_FORMAT,
                 nbits: int = 2, batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
                 progress: bool = True, sentences: Optional[Sequence] = None,
                 codec: Optional[ResidualCodec] = None) -> Path:
     """Encode ``passages`` into an index folder at ``path`` (atomically: temporary name, then rename).
 
     ``format=2`` compresses (``nbits`` ∈ {1, 2, 4, 8}); ``format=1`` writes float16 vectors.
+    ``passages``: :class:`Passage` objects or anything :meth:`Ranker.encode` takes (texts, ``(id, text)``).
     """
+    passages = as_passages(passages)
     if format == 1:
         from .v1 import build_index as build_v1
         return build_v1(encoder, passages, path, batch_size=batch_size, chunk_passages=chunk_passages,

@@ -118,13 +118,27 @@ def check_files(folder: Path, files: Dict[str, dict], verify: bool | str = "auto
 # -- which model an index belongs to ---------------------------------------------------
 
 def model_name(encoder) -> str:
-    """What ``load_encoder`` takes to load this encoder again: ``default``, ``zero-shot`` or a path."""
+    """What ``load_encoder`` takes to load this encoder again: ``default``, ``zero-shot``, a
+    shipped model's name or a path."""
+    from ..encoder import named_models
+
     source = str(encoder.source)
     if source.startswith("default:"):
         return "default"
     if source.startswith("zero-shot:"):
         return "zero-shot"
+    prefix = source.split(":", 1)[0]
+    if ":" in source and prefix in named_models():
+        return prefix
     return source
+
+
+def current_default_name() -> str:
+    """``model_name`` of what ``load_encoder()`` loads now: a shipped trained model, or zero-shot."""
+    from ..delta import is_delta
+    from ..encoder import SHIPPED_MODEL
+
+    return "default" if is_delta(SHIPPED_MODEL) else "zero-shot"
 
 
 def model_block(encoder) -> dict:
@@ -147,12 +161,15 @@ def index_model_name(manifest: dict) -> str:
 
 def load_index_model(manifest: dict, path: str | Path, model=None):
     """The encoder to search an index with: ``model`` if given (checked), else the index's own."""
-    from ..encoder import Encoder, ModelError, load_encoder
+    from ..encoder import Encoder, ModelError, load_encoder, named_model_with_fingerprint
 
     if isinstance(model, Encoder):
         encoder = model
     else:
         name = index_model_name(manifest) if model is None else str(model)
+        if model is None and name == "default":
+            # Built with an earlier default that now ships under a name (squad-a1): load that.
+            name = named_model_with_fingerprint(manifest["model"]["fingerprint"]) or name
         try:
             encoder = load_encoder(None if name == "default" else name)
         except ModelError as exc:
@@ -168,7 +185,13 @@ def check_model(manifest: dict, encoder, path: str | Path) -> None:
     if built["fingerprint"] == encoder.fingerprint():
         return
     name = index_model_name(manifest)
-    if name == "default" and model_name(encoder) == "default":
+    from ..encoder import named_model_with_fingerprint
+
+    alias = named_model_with_fingerprint(built["fingerprint"]) if name == "default" else None
+    if alias is not None:
+        name = alias
+        fix = f"it was built with an earlier default model, shipped now as {alias}: search it with --model {alias}"
+    elif name == "default" and model_name(encoder) == current_default_name():
         fix = "it was built with an earlier default model: rebuild it (agrame index --overwrite)"
     else:
         fix = "search it without --model" if name == "default" else f"search it with --model {name}"
