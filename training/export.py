@@ -1,6 +1,11 @@
-"""Store a trained student as the package's default model (a delta over MiniLM).
+"""Store a model as a delta over MiniLM (agrame.delta), where the package can load it.
 
-    python -m training.export --model runs/students/agrame/final --out agrame/models/default
+    python -m training.export --model runs/students/agrame/final --out runs/export/agrame
+    python -m training.export --model … --out agrame/models/NAME      # shipped, --model NAME
+    python -m training.export --model … --out agrame/models/default   # the package default
+
+The default is zero-shot MiniLM until a trained model beats it across the benchmark suite
+(issue 13): export to ``agrame/models/default`` only a model that does.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ LIMIT_MB = 16.0
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="trained AGRaME checkpoint folder")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "agrame" / "models" / "default"))
+    parser.add_argument("--out", required=True, help="delta folder to write (agrame/models/NAME ships it by name)")
     args = parser.parse_args(argv)
     meta = export_delta(load_encoder(args.model), args.out)
     size = (Path(args.out) / DELTA_FILE).stat().st_size / 2**20

@@ -1,7 +1,7 @@
 """The scaled training set: every SQuAD train question, negatives mined with a model, SciFact train.
 
     python -m training.mined squad --out runs/big/squad.jsonl --heldout runs/big/squad-heldout.jsonl \\
-        --negatives 7 --mined 4 --mine-model default --index runs/big/train-index
+        --negatives 7 --mined 4 --mine-model zero-shot-128 --index runs/big/train-index
     python -m training.mined scifact --out runs/big/scifact.jsonl --heldout runs/big/scifact-heldout.jsonl
 
 Records have :mod:`training.data`'s format (gold paragraph first, then ``--negatives``
@@ -211,8 +211,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     sub = parser.add_subparsers(dest="source", required=True)
     sq = sub.add_parser("squad", help="all SQuAD v1.1 train questions")
     sq.add_argument("--mined", type=int, default=4, help="negatives from the model's ranking (the rest: BM25)")
-    sq.add_argument("--mine-model", default="default", help="model whose ranking gives the mined negatives "
-                                                            "('default', 'zero-shot' or a folder; 'none': BM25 only)")
+    sq.add_argument("--mine-model", default="zero-shot-128",
+                    help="model whose ranking gives the mined negatives (a name such as zero-shot-128 — where "
+                         "training starts —, 'default', or a folder; 'none': BM25 only)")
     sq.add_argument("--index", type=Path, default=None, help="index of the train paragraphs (built if missing)")
     sq.add_argument("--heldout-questions", type=int, default=2000, help="held-out questions written (of the held-out articles)")
     sf = sub.add_parser("scifact", help="SciFact train claims with rationales")

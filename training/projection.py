@@ -1,6 +1,10 @@
 """Untrained MiniLM with a fixed 128-d projection: the zero-shot model at the index's size.
 
     python -m training.projection --out runs/zero-shot-128 [--dim 128 --passages 1024 --seed 0]
+    python -m training.projection --out runs/a1-init --like-student runs/train/squad-train.jsonl
+
+(the second: the projection ``training.student`` starts from without ``--init-model`` — the
+gold passages of the data's first 128 records —, i.e. θ₀ of squad-a1 for interpolation.)
 
 Zero-shot MiniLM gives 384-d token vectors; a compressed index then stores 96 bytes of
 2-bit residuals per token instead of 32. A *random* projection ruins ranking, but the top
@@ -42,13 +46,33 @@ def projected_zero_shot(dim: int = 128, passages: int = 1024, seed: int = 0) -> 
     return encoder
 
 
+def student_start(data: str, dim: int = 128) -> Encoder:
+    """Zero-shot MiniLM with the projection ``training.student`` initialises from ``data``."""
+    from .data import read
+    from .student import init_projection
+
+    base = load_encoder(ZERO_SHOT)
+    settings = zero_shot_settings()
+    settings.dim = dim
+    encoder = Encoder(base.backbone, base.tokenizer, settings, nn.Linear(base.dim, dim, bias=False),
+                      source="zero-shot-projected")
+    init_projection(encoder, [e["passages"][0]["text"] for e in read(data)[:128]])
+    return encoder
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="checkpoint folder to write")
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--passages", type=int, default=1024, help="SQuAD train paragraphs for the SVD")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--like-student", default=None, metavar="DATA",
+                        help="the projection training.student starts from with this --data (no --init-model)")
     args = parser.parse_args(argv)
+    if args.like_student:
+        student_start(args.like_student, args.dim).save(Path(args.out))
+        print(f"wrote {args.out}: zero-shot MiniLM with the student's starting projection from {args.like_student}")
+        return
     encoder = projected_zero_shot(args.dim, args.passages, args.seed)
     encoder.save(Path(args.out))
     print(f"wrote {args.out}: zero-shot MiniLM, {args.dim}-d projection from {args.passages} SQuAD train paragraphs")

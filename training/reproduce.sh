@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Reproduce the shipped default model (agrame/models/default) from ../shared/data on a CPU:
+# Reproduce the squad-a1 model (agrame/models/squad-a1; the package default before issue 13,
+# which made zero-shot MiniLM the default) from ../shared/data on a CPU:
 #   bash training/reproduce.sh          # ~20 min on 2 CPU cores; the model lands in runs/export/default
-#   SHIP=1 bash training/reproduce.sh   # also install it as the package default
+#   SHIP=1 bash training/reproduce.sh   # also install it as agrame/models/squad-a1
 # Every step resumes: a finished step's output is kept, an interrupted training continues
 # from its checkpoint. The recipe, and why (README.md, Training; benchmarks/README.md, Trained models):
 #   data     SQuAD v1.1 train: 4000 questions, gold paragraph + 3 BM25 negatives from train
@@ -28,5 +29,5 @@ python -m training.choose_alpha --model "$S/agrame/final" --data "$R/train/squad
     --skip 3500 --limit 300 --write
 python -m training.export --model "$S/agrame/final" --out "$R/export/default"
 if [ "${SHIP:-0}" = 1 ]; then
-    python -m training.export --model "$S/agrame/final"   # default --out: agrame/models/default
+    python -m training.export --model "$S/agrame/final" --out agrame/models/squad-a1
 fi

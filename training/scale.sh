@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The scaled recipe of issue 13 (README, Training): every step resumes, so the same command
+# continues after an interruption (on this CPU, across sessions).
+#   bash training/scale.sh                   # 3,000 steps; see the note in README.md for the measured step time
+#   STEPS=300 bash training/scale.sh         # a shorter run (the data are mined for STEPS × 8 questions)
+# The student runs on the CPU only: no device has been lent to this project yet, and
+# training.student has no --device (the GPU path is still to build).
+# Stages:
+#   start    θ₀ = zero-shot-128 (shipped: zero-shot MiniLM with a 128-d principal projection, training.projection)
+#   data     SQuAD v1.1 train, every question (87,599; 5% of articles held out), k = 7 negatives:
+#            4 mined by θ₀ (zero-shot-128: its search of an AGRaME index of the train paragraphs), 3 BM25;
+#            SciFact train claims (rationale sentences), 20% held out; gold labels as the teacher
+#   student  L_psg (in-batch negatives) + L_sent, [Q'] sentence queries, all six layers with
+#            learning rate × 0.8 per layer down, warm-up 5% then linear decay, from θ₀
+#   baseline the same with the passage loss only (--sentence-weight 0), the paper's comparison
+#   mix      WiSE-FT λ between θ₀ and the student, then α, chosen on the held-out SQuAD articles
+#            and SciFact claims (training.choose_mix) — never on a reported split
+#   export   the interpolated model as a delta (training.export)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+R=${AGRAME_RUNS:-runs}/big
+STEPS=${STEPS:-3000}
+MINED_LIMIT=${MINED_LIMIT:-$((STEPS * 8))}   # questions the run consumes (one epoch at most)
+mkdir -p "$R"
+[ -s "$R/squad.jsonl" ] || python -m training.mined squad --out "$R/squad.jsonl" --heldout "$R/squad-heldout.jsonl" \
+    --negatives 7 --mined 4 --mine-model zero-shot-128 --index "$R/train-index" --limit "$MINED_LIMIT"
+[ -s "$R/scifact.jsonl" ] || python -m training.mined scifact --out "$R/scifact.jsonl" --heldout "$R/scifact-heldout.jsonl" \
+    --negatives 7
+for part in squad scifact; do
+  [ -s "$R/$part-labels.jsonl" ] || python -m training.teachers labels --data "$R/$part.jsonl" --out "$R/$part-labels.jsonl"
+done
+recipe=(--data "$R/squad-labels.jsonl" "$R/scifact-labels.jsonl@4" --init-model zero-shot-128 --layers 6 --dim 128
+        --steps "$STEPS" --batch-size 8 --lr 1e-4 --warmup 0.05 --layer-lr-decay 0.8 --in-batch --seed 0)
+[ -e "$R/agrame/final/agrame.json" ] || python -m training.student "${recipe[@]}" --out "$R/agrame" --sentence-marker "Q'"
+[ -e "$R/colbert/final/agrame.json" ] || python -m training.student "${recipe[@]}" --out "$R/colbert" --sentence-weight 0
+for m in agrame colbert; do
+  [ -s "$R/choose-mix-$m.json" ] || python -m training.choose_mix --start zero-shot-128 --tuned "$R/$m/final" \
+      --held "squad=$R/squad-heldout.jsonl:0:500" --held "scifact=$R/scifact-heldout.jsonl" \
+      --reference zero-shot --out "$R/choose-mix-$m.json"
+  mix=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['best']['model'].split('=')[1])" "$R/choose-mix-$m.json")
+  python -m training.interpolate --start zero-shot-128 --tuned "$R/$m/final" --mix "$mix" --out "$R/$m-wise"
+  python -m training.choose_alpha --model "$R/$m-wise" --data "$R/squad-heldout.jsonl" --skip 0 --limit 500 --write
+done
+python -m training.export --model "$R/agrame-wise" --out "$R/export/default"
