@@ -504,6 +504,12 @@ def _index_open_domain_rows(open_domain: List[dict], dataset: str) -> List[dict]
             and r.get("first_stage") == "bm25 top-100" and r["method"] == "colbert-zeroshot-psg"]
 
 
+def _model_label(r: dict) -> str:
+    if _is_squad_a1(r):
+        return "squad-a1"
+    return "zero-shot (384-d)" if str(r.get("model", "")).startswith("zero-shot:") else str(r.get("model", "?"))
+
+
 def render_index_search(results: List[dict], open_domain: List[dict] | None = None) -> str:
     out = ["## Full-corpus search with the compressed index (issue 12)", "",
            "The whole pooled corpus (33,591 passages) searched with no BM25: PLAID-style candidates "
@@ -512,8 +518,9 @@ def render_index_search(results: List[dict], open_domain: List[dict] | None = No
            "(S'(q,s) + α·S(q,p)). *Overlap*: share of the float16 exact scan's top-100 passages that the search "
            "returns, and *same top-1*: questions whose top sentence equals that scan's, both on the questions the "
            "exact scan ran (a sample: ~2 s per question); the ↳ rows give the same run's metrics on exactly those "
-           "questions, for a paired comparison. All rows use "
-           "the same cached token vectors of the shipped model.", ""]
+           "questions, for a paired comparison. All quality rows use "
+           "the same cached token vectors of `squad-a1` (the default when they ran); the size and latency "
+           "tables name their model.", ""]
     runs = [r for r in results if "what" not in r]
     for dataset in sorted({r["dataset"] for r in runs}):
         rows = [r for r in runs if r["dataset"] == dataset]
@@ -541,16 +548,16 @@ def render_index_search(results: List[dict], open_domain: List[dict] | None = No
         out += ["", _commands(rows + _index_open_domain_rows(open_domain or [], dataset)), ""]
     sizes = sorted((r for r in results if r.get("what") == "size"), key=lambda r: r["nbits"])
     if sizes:
-        out += ["### Size", "", "| residual bits | tokens | centroids | bytes/token (text excluded) | of which: "
+        out += ["### Size", "", "| model | residual bits | tokens | centroids | bytes/token (text excluded) | of which: "
                 "codes / residuals / token offsets / inverted file / centroids | index MB (text excluded) | "
                 "format-1 bytes/token | ratio | build s (from cached vectors) |",
-                "|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+                "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
         for r in sizes:
             f = r["bytes_per_token_by_file"]
             ivf = sum(v for k, v in f.items() if k.startswith("ivf-"))
             parts = " / ".join(f"{v:.2f}" for v in (f["codes.bin"], f["residuals.bin"], f["tokens.bin"], ivf,
                                                      f["centroids.f16"]))
-            out.append(f"| {r['nbits']} | {r['tokens']:,} | {r['num_centroids']:,} | "
+            out.append(f"| {_model_label(r)} | {r['nbits']} | {r['tokens']:,} | {r['num_centroids']:,} | "
                        f"{r['bytes_per_token_text_excluded']} | {parts} | {r['index_bytes_text_excluded'] / 1e6:.1f} | "
                        f"{r['v1_bytes_per_token']} | {r['size_ratio_v1_over_v2']}× | "
                        f"{r['build_seconds_from_cached_vectors']} |")
@@ -558,11 +565,12 @@ def render_index_search(results: List[dict], open_domain: List[dict] | None = No
     latency = [r for r in results if r.get("what") == "latency"]
     if latency:
         out += ["### Latency (sentence granularity, top 10)", "",
-                "| residual bits | threads | queries | nprobe / ncandidates | median ms (with query encoding) | "
-                "p95 ms | median ms (search only) | p95 ms | peak RSS MB |", "|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+                "| model | residual bits | threads | queries | nprobe / ncandidates | median ms (with query encoding) | "
+                "p95 ms | median ms (search only) | p95 ms | peak RSS MB |",
+                "|---|---:|---:|---|---|---:|---:|---:|---:|---:|"]
         for r in latency:
             t, s = r["ms_with_query_encoding"], r["ms_search_only"]
-            out.append(f"| {r['nbits']} | {r['threads']} | {r['queries']} | {r['search']['nprobe']} / "
+            out.append(f"| {_model_label(r)} | {r['nbits']} | {r['threads']} | {r['queries']} | {r['search']['nprobe']} / "
                        f"{r['search']['ncandidates']} | {t['median']} | {t['p95']} | {s['median']} | {s['p95']} | "
                        f"{r['peak_rss_mb']} |")
         out += ["", _commands(latency), ""]
@@ -603,6 +611,40 @@ def render_index_search(results: List[dict], open_domain: List[dict] | None = No
     plaid = [r for r in results if r.get("what") == "plaid"]
     for r in plaid:
         out += ["### colbert-ai PLAID side by side", "", r["summary"], "", _commands([r]), ""]
+    return "\n".join(out)
+
+
+PLAID_SYSTEMS = (("plaid", "colbert-ai PLAID (0.2.22), its default search settings"),
+                 ("agrame", "AGRaME index, default settings"),
+                 ("agrame-matched", "AGRaME index, PLAID's exact-scoring budget (ncandidates = ndocs/4)"))
+
+
+def render_plaid(results: List[dict]) -> str:
+    out = ["## colbert-ai PLAID side by side (issue 12)", "",
+           "Both indexes hold the *same* token vectors (the model's cached pool encodings; colbert-ai loads the "
+           "model exported in the Stanford layout and its own document encoding matches ours, see *parity*) and "
+           "are searched with the *same* query vectors (AGRaME's `[Q]` queries, no `[MASK]` padding, given to "
+           "`Searcher.dense_search`), in one run, alternating per question: only the index and the search differ. "
+           "Passage granularity; search time only (queries encoded beforehand); sizes exclude passage text. "
+           "colbert-ai's k-means sample was capped (see the command's docstring).", ""]
+    for r in results:
+        p = r.get("parity", {})
+        out += [f"### {r['dataset']}, {r['sample']['questions']} questions, model `{r['model']}`, "
+                f"{r['threads']} threads", "",
+                f"Parity of document vectors (colbert-ai's encoder vs ours, first {p.get('passages')} pool passages): "
+                f"mean cosine {p.get('mean_cosine')}, {p.get('token_count_differs')} passages with a different "
+                "token count (longer than doc_maxlen: colbert-ai truncates, AGRaME encodes windows).", "",
+                "| system | bytes / token | psg P@1 | psg R@100 | ms k=10 median / p95 | ms k=100 median / p95 |",
+                "|---|---:|---:|---:|---:|---:|"]
+        for key, name in PLAID_SYSTEMS:
+            sys_ = r["systems"].get(key)
+            if sys_ is None:
+                continue
+            m = sys_["metrics"]
+            out.append(f"| {name} | {sys_['bytes_per_token']} | {_fmt(m.get('psg_p1'))} | {_fmt(m.get('psg_r100'))} "
+                       f"| {sys_['search_ms_k10']['median']} / {sys_['search_ms_k10']['p95']} "
+                       f"| {sys_['search_ms_k100']['median']} / {sys_['search_ms_k100']['p95']} |")
+        out += ["", f"- `{r['command']}`, {r['date']}", ""]
     return "\n".join(out)
 
 
@@ -659,7 +701,9 @@ def build(results_dir: Path = RESULTS, chart: Path | None = None) -> str:
             sections.append(render(grouped[name]))
     if grouped.get("index_search"):
         sections.append(render_index_search(grouped["index_search"], grouped.get("open_domain", [])))
-    unknown = sorted(set(grouped) - set(RENDERERS) - {"index_search"})
+    if grouped.get("plaid"):
+        sections.append(render_plaid(grouped["plaid"]))
+    unknown = sorted(set(grouped) - set(RENDERERS) - {"index_search", "plaid"})
     if unknown:
         raise SystemExit(f"error: no renderer for result kinds {unknown}")
     return "\n\n".join(sections) + "\n"

@@ -18,7 +18,7 @@ from agrame.index.codec import pack_bits, unpack_bits
 from agrame.index.format import check_model, index_model_name
 from agrame.index.ivf import build_ivf, merge_ivf, unique_pairs
 from agrame.index.store import build_compressed
-from agrame.ranker import Ranker
+from agrame.ranker import Ranker, rank_corpus
 
 TEXTS = [
     "Coral reefs are built by polyps. Warm water causes coral bleaching. Reefs protect coasts.",
@@ -167,6 +167,25 @@ def test_sentence_search_matches_in_memory_ranker_on_decompressed(tmp_path, tiny
     assert max(abs(h.score - by_key[(h.passage_id, h.start)]) for h in hits) < 0.05
     for h in hits:
         assert TEXTS[int(h.passage_id)][h.start:h.end] == h.text
+
+
+def test_passage_corpus_without_sentences_reads_records_lazily(tmp_path, tiny_encoder):
+    passages = [Passage(f"p{i}", t) for i, t in enumerate(TEXTS)]
+    build_index(tiny_encoder, passages, tmp_path / "ix", progress=False)
+    store = Index(tmp_path / "ix", model=tiny_encoder).store
+    pids = np.array([2, 0, 1])
+    full, lean = store.corpus(pids), store.corpus(pids, with_sentences=False)
+    assert torch.equal(full.vectors, lean.vectors) and torch.equal(full.passage_starts, lean.passage_starts)
+    assert list(lean.ids) == full.ids and lean.texts[-1] == full.texts[-1] and len(lean) == 3
+    q = tiny_encoder.encode_query("coral reef", "Q").vectors
+    a = rank_corpus(q, None, full, "passage", alpha=0.5, top_k=2)
+    b = rank_corpus(q, None, lean, "passage", alpha=0.5, top_k=2)
+    assert a == b
+    records = lean.ids._records
+    assert len(records._cache) == 3  # ids were listed above; a fresh corpus reads only its hits
+    fresh = store.corpus(pids, with_sentences=False)
+    rank_corpus(q, None, fresh, "passage", alpha=0.5, top_k=1)
+    assert len(fresh.ids._records._cache) == 1
 
 
 def test_span_search_uses_stored_spans(tmp_path, tiny_encoder):

@@ -191,7 +191,7 @@ class Index:
         """Stage 3: decompress ``pids`` and score them exactly."""
         if len(pids) == 0:
             return []
-        corpus = self.store.corpus(pids)
+        corpus = self.store.corpus(pids, with_sentences=granularity != "passage")
         if granularity == "span":
             table = self._spans(corpus)
             if not table:

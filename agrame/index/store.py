@@ -325,6 +325,37 @@ def train_codec_from(source: "VectorSource", nbits: int, *, seed: int = 0,
                        "kmeans_seconds": round(time.perf_counter() - started, 1), "seed": seed}
 
 
+class _LazyRecords:
+    """Passage records of ``pids`` read on first access (one field per :meth:`view`)."""
+
+    def __init__(self, store: "Store", pids: np.ndarray):
+        self._store, self._pids, self._cache = store, pids, {}
+
+    def __len__(self) -> int:
+        return len(self._pids)
+
+    def get(self, k: int) -> dict:
+        if k not in self._cache:
+            self._cache[k] = self._store.record(int(self._pids[k]))
+        return self._cache[k]
+
+    def view(self, field: str) -> "_FieldView":
+        return _FieldView(self, field)
+
+
+class _FieldView(Sequence):
+    def __init__(self, records: _LazyRecords, field: str):
+        self._records, self._field = records, field
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        return self._records.get(k if k >= 0 else len(self) + k)[self._field]
+
+
 class Store:
     """Read side of one committed generation: memory-mapped arrays, lazily read passages."""
 
@@ -398,8 +429,12 @@ class Store:
     def codes_of(self, pids: np.ndarray) -> np.ndarray:
         return np.asarray(self.codes[self.token_rows(pids)], dtype=np.int64)
 
-    def corpus(self, pids: Sequence[int]) -> EncodedCorpus:
-        """Decompress passages ``pids`` into an :class:`EncodedCorpus` (in that order) for exact scoring."""
+    def corpus(self, pids: Sequence[int], with_sentences: bool = True) -> EncodedCorpus:
+        """Decompress passages ``pids`` into an :class:`EncodedCorpus` (in that order) for exact scoring.
+
+        ``with_sentences=False`` (passage searches) skips the sentence tables and reads a passage's
+        record (id, text) only when a caller asks for it — for the few hits, not every survivor.
+        """
         import torch
 
         pids = np.asarray(pids, dtype=np.int64)
@@ -409,10 +444,18 @@ class Store:
         offsets = torch.from_numpy(np.stack([tokens["start"], tokens["start"] + tokens["length"]], axis=1)
                                    .astype(np.int64))
         doclens = torch.from_numpy(self.doclens[pids])
+        token_passage = torch.repeat_interleave(torch.arange(len(pids)), doclens)
+        passage_starts = torch.cat([torch.zeros(1, dtype=torch.long), doclens.cumsum(0)])
+        if not with_sentences:
+            records = _LazyRecords(self, pids)
+            return EncodedCorpus(
+                ids=records.view("id"), texts=records.view("text"), vectors=vectors, offsets=offsets,
+                token_passage=token_passage, token_sentence=torch.full((len(rows),), -1, dtype=torch.long),
+                sentences=torch.zeros((0, 2), dtype=torch.long), sentence_passage=torch.zeros(0, dtype=torch.long),
+                passage_starts=passage_starts)
         sent_counts = self.sent_starts[pids + 1] - self.sent_starts[pids]
         sentences = torch.from_numpy(self.sentences[_ranges(self.sent_starts[pids], sent_counts)].astype(np.int64))
         span_starts = torch.from_numpy(np.concatenate([[0], np.cumsum(sent_counts)]))
-        token_passage = torch.repeat_interleave(torch.arange(len(pids)), doclens)
         local = sorted_token_segments(offsets, sentences, token_passage, span_starts)
         token_sentence = torch.where(local >= 0, local + span_starts[token_passage], local)
         records = [self.record(p) for p in pids.tolist()]
@@ -421,7 +464,7 @@ class Store:
             offsets=offsets, token_passage=token_passage, token_sentence=token_sentence,
             sentences=sentences.reshape(-1, 2),
             sentence_passage=torch.repeat_interleave(torch.arange(len(pids)), torch.from_numpy(sent_counts)),
-            passage_starts=torch.cat([torch.zeros(1, dtype=torch.long), doclens.cumsum(0)]),
+            passage_starts=passage_starts,
             spans={r["id"]: tuple(r["spans"]) for r in records if "spans" in r})
 
     def bytes(self, include_text: bool = False) -> int:

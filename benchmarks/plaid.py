@@ -1,0 +1,271 @@
+"""colbert-ai's PLAID beside AGRaME's compressed index, on the same corpus, vectors and queries.
+
+    pip install -e ".[colbert]"
+    python -m benchmarks.plaid --model squad-a1 --dataset nq-oracle [--limit N] [--kmeans-passages 4096]
+
+A fair side by side (DESIGN.md, *Index at scale*): colbert-ai 0.2.22 indexes the pooled
+corpus with **our** model and searches with **our** query vectors (``Searcher.dense_search``),
+so only the index and its search differ:
+
+- the model is written in the Stanford layout (BertConfig, ``bert.*`` + ``linear.weight``,
+  ``artifact.metadata``) and loaded by colbert-ai's own ``Checkpoint``; its document
+  encoding is compared with ours on a few passages (``parity``: mean cosine of token vectors);
+- colbert-ai's indexer gets the *cached* token vectors of ``benchmarks.encodings`` (the
+  vectors AGRaME's index was built from) instead of encoding the corpus twice on this CPU
+  (k-means sample, then the corpus); everything else — centroid count (the same
+  2^floor(log2(16·√T)) as ours), 4-iteration k-means, 2-bit residual codec, inverted file,
+  PLAID's search stages and their default settings for k — is colbert-ai's, run in this
+  process (``CollectionIndexer``; no launcher, no GPU);
+- its k-means sample is capped at ``--kmeans-passages`` passages (default 4,096, ~490k
+  token vectors, 30 per centroid): its own rule would take 16·√(120·N) passages, 96% of
+  this corpus, and k-means over ~4M vectors does not fit a CPU session.
+
+Reported: index bytes per token, passage P@1 / R@100 on the dataset, search-only latency per
+query (median, p95; 2 threads) at k = 10 and k = 100, next to the AGRaME index rows of
+``benchmarks.index_search`` for the same model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from agrame.index import Index, Store
+
+from .common import command_line, sample, write_result
+from .data import load_questions
+from .encodings import cache_root
+from .index_search import PoolVectors, encode_queries
+from .index_search import build as build_agrame
+from .metrics import summarize
+from .open_domain import judge
+from .rerank import Harness
+
+
+#: colbert-ai 0.2.22's ndocs for k ≤ 10 and k ≤ 100 (Searcher.dense_search); its last stage
+#: decompresses and scores ndocs/4 passages exactly.
+PLAID_NDOCS = {10: 256, 100: 1024}
+
+
+def export_stanford(encoder, folder: Path) -> Path:
+    """Write ``encoder`` as a Stanford ColBERT checkpoint that colbert-ai loads unchanged."""
+    from colbert.infra import ColBERTConfig
+    from safetensors.torch import save_file
+
+    if encoder.projection is None:
+        raise SystemExit("error: colbert-ai needs a model with a projection (e.g. --model squad-a1)")
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {f"bert.{k}": v.contiguous() for k, v in encoder.backbone.state_dict().items()}
+    state["linear.weight"] = encoder.projection.weight.detach().contiguous()
+    save_file(state, str(folder / "model.safetensors"))
+    config = encoder.backbone.config
+    config.architectures = ["HF_ColBERT"]
+    config.save_pretrained(folder)
+    encoder.tokenizer.save_pretrained(folder)
+    s = encoder.settings
+    ColBERTConfig(dim=encoder.dim, doc_maxlen=s.doc_maxlen, query_maxlen=s.query_maxlen,
+                  mask_punctuation=s.mask_punctuation, attend_to_mask_tokens=s.attend_to_mask_tokens,
+                  query_token_id=s.markers["Q"] or "[unused0]", doc_token_id=s.markers["D"] or "[unused1]",
+                  similarity="cosine").save_for_checkpoint(str(folder))
+    return folder
+
+
+class CachedVectors:
+    """Stands in for colbert-ai's ``CollectionEncoder``: the pool's cached token vectors by text."""
+
+    def __init__(self, vectors: PoolVectors):
+        self.corpus = vectors.corpus()
+        self.position = {t: i for i, t in enumerate(vectors.pool.texts)}
+        self.calls = 0
+
+    def encode_passages(self, passages: Sequence[str]):
+        self.calls += 1
+        rows, doclens = [], []
+        for text in passages:
+            p = self.position[text]
+            a, b = int(self.corpus.passage_starts[p]), int(self.corpus.passage_starts[p + 1])
+            rows.append(self.corpus.vectors[a:b])
+            doclens.append(b - a)
+        return torch.cat(rows).float(), doclens
+
+
+def parity(encoder, ckpt: Path, texts: Sequence[str]) -> dict:
+    """colbert-ai's document vectors against AGRaME's for ``texts``: mean cosine of matching tokens
+    over passages with the same token count, and how many differ (passages longer than
+    doc_maxlen: colbert-ai truncates them, AGRaME encodes them in overlapping windows)."""
+    from colbert.infra import ColBERTConfig
+    from colbert.modeling.checkpoint import Checkpoint
+
+    cp = Checkpoint(str(ckpt), colbert_config=ColBERTConfig.load_from_checkpoint(str(ckpt)), verbose=0)
+    theirs, doclens = cp.docFromText(list(texts), bsize=8, keep_dims="flatten")
+    ours = encoder.encode_passages(list(texts))
+    cosines, differ, start = [], 0, 0
+    for n, mine in zip(doclens, ours):
+        if n != mine.vectors.shape[0]:
+            differ += 1
+        else:
+            cosines.append(torch.nn.functional.cosine_similarity(theirs[start:start + n].float(),
+                                                                 mine.vectors.float(), dim=-1).mean())
+        start += n
+    return {"passages": len(texts), "token_count_differs": differ,
+            "mean_cosine": round(float(torch.stack(cosines).mean()), 4) if cosines else None}
+
+
+def build_plaid(vectors: PoolVectors, ckpt: Path, index_dir: Path, kmeans_passages: int, seed: int) -> Dict:
+    from colbert.indexing.collection_indexer import CollectionIndexer
+    from colbert.infra import ColBERTConfig, Run, RunConfig
+
+    if (index_dir / "metadata.json").exists():
+        return json.loads((index_dir / "agrame-build.json").read_text())
+    tmp = index_dir.with_name(index_dir.name + ".tmp")
+    if tmp.exists():
+        import shutil
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    texts = vectors.pool.texts
+
+    def capped_sample(self):  # colbert-ai's rule would take 96% of this corpus (see the docstring)
+        random.seed(seed)
+        return set(random.sample(range(len(self.collection)), min(kmeans_passages, len(self.collection))))
+
+    CollectionIndexer._sample_pids = capped_sample
+    start = time.perf_counter()
+    with Run().context(RunConfig(nranks=1, rank=0, experiment="agrame-plaid", root=str(tmp.parent))):
+        config = ColBERTConfig.from_existing(ColBERTConfig.load_from_checkpoint(str(ckpt)),
+                                             ColBERTConfig(nbits=2, kmeans_niters=4, checkpoint=str(ckpt),
+                                                           index_path=str(tmp), avoid_fork_if_possible=True),
+                                             Run().config)
+        indexer = CollectionIndexer(config=config, collection=list(texts), verbose=1)
+        indexer.encoder = CachedVectors(vectors)
+        indexer.run(shared_lists=[])
+    info = {"build_seconds_from_cached_vectors": round(time.perf_counter() - start, 1),
+            "num_partitions": int(indexer.num_partitions), "kmeans_passages": kmeans_passages,
+            "kmeans_niters": 4, "nbits": 2}
+    (tmp / "agrame-build.json").write_text(json.dumps(info))
+    tmp.replace(index_dir)
+    return info
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.name != "agrame-build.json")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="squad-a1", help="a model with a projection (colbert-ai needs one)")
+    parser.add_argument("--dataset", default="nq-oracle", choices=("nq-oracle", "squad-dev"))
+    parser.add_argument("--limit", type=int, default=None, help="questions sampled (default: all)")
+    parser.add_argument("--latency-queries", type=int, default=300)
+    parser.add_argument("--kmeans-passages", type=int, default=4096)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    import importlib.util
+
+    if importlib.util.find_spec("colbert") is None:
+        raise SystemExit('error: colbert-ai is not installed: pip install -e ".[colbert]"')
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_root() / "torch-extensions"))
+    torch.set_num_threads(args.threads)
+    vectors = PoolVectors(args.model)
+    encoder = vectors.encoder
+    tag = encoder.fingerprint()[:12]
+    ckpt = export_stanford(encoder, cache_root() / f"stanford-{tag}")
+    agree = parity(encoder, ckpt, vectors.pool.texts[:64])
+    index_dir = cache_root() / f"plaid-pool-{tag}-2b-k{args.kmeans_passages}"
+    info = build_plaid(vectors, ckpt, index_dir, args.kmeans_passages, args.seed)
+    tokens = vectors.corpus().num_tokens
+    size = folder_bytes(index_dir)
+
+    from colbert import Searcher
+    from colbert.infra import ColBERTConfig
+
+    searcher = Searcher(index=str(index_dir), checkpoint=str(ckpt), collection=list(vectors.pool.texts),
+                        config=ColBERTConfig(load_index_with_mmap=False), verbose=0)
+    ours_path, _ = build_agrame(vectors, 2)
+    vectors._corpus = None
+    ours = Index(ours_path, model=encoder)
+    all_questions = load_questions(args.dataset, vectors.pool)
+    questions = sample(all_questions, args.limit, args.seed)
+    harness = Harness("pool", vectors.pool.texts, vectors.spans)
+    encoded = encode_queries(encoder, [q.text for q in questions])
+
+    def plaid(q: torch.Tensor, k: int) -> List[int]:
+        pids, _, _ = searcher.dense_search(q.unsqueeze(0).float(), k=k)
+        return [int(p) for p in pids]
+
+    def agrame(q: torch.Tensor, k: int) -> List[int]:
+        return [int(h.passage_id) for h in ours.search_vectors(q, None, "passage", k)]
+
+    def agrame_matched(q: torch.Tensor, k: int) -> List[int]:
+        # PLAID's exact-scoring budget: it decompresses ndocs/4 passages (64 at k=10, 256 at k=100).
+        budget = PLAID_NDOCS[k] // 4
+        return [int(h.passage_id) for h in ours.search_vectors(q, None, "passage", k, ncandidates=budget,
+                                                                per_hit=1)]
+
+    systems = {"plaid": plaid, "agrame": agrame, "agrame-matched": agrame_matched}
+    plaid(encoded[0][0], 100)  # compiles colbert-ai's C++ extensions outside the timings
+    per_question: Dict[str, list] = {name: [] for name in systems}
+    times: Dict[str, Dict[int, List[float]]] = {name: {10: [], 100: []} for name in systems}
+    for n, (q, (qv, _)) in enumerate(tqdm(list(zip(questions, encoded)), desc=f"{args.dataset}", disable=None)):
+        for name, search in systems.items():  # alternately, so both see the same machine state
+            t = time.perf_counter()
+            ranked = search(qv, 100)
+            times[name][100].append(1000 * (time.perf_counter() - t))
+            metrics = judge(args.dataset, harness, q, ranked, [], ranked)
+            metrics["psg_r100"] = metrics.pop("first_stage_r100")
+            per_question[name].append({k: v for k, v in metrics.items() if k.startswith("psg")})
+            if n < args.latency_queries:
+                t = time.perf_counter()
+                search(qv, 10)
+                times[name][10].append(1000 * (time.perf_counter() - t))
+
+    def stats(ms: List[float]) -> dict:
+        return {"median": round(statistics.median(ms), 1), "p95": round(float(np.percentile(ms, 95)), 1),
+                "queries": len(ms)}
+
+    ours_size = Store(ours_path).bytes()
+    result = {"benchmark": "plaid", "dataset": args.dataset, "model": encoder.source, "fingerprint": tag,
+              "colbert_ai": "0.2.22", "parity": agree, "tokens": tokens, "threads": args.threads,
+              "sample": {"questions": len(questions), "of": len(all_questions),
+                         "seed": args.seed if args.limit else None},
+              "systems": {
+                  "plaid": {**info, "index_bytes": size, "bytes_per_token": round(size / tokens, 2),
+                            "metrics": summarize(per_question["plaid"]),
+                            "search_ms_k10": stats(times["plaid"][10]), "search_ms_k100": stats(times["plaid"][100]),
+                            "settings": "colbert-ai's defaults per k (k=10: ncells 1, threshold 0.5, ndocs 256; "
+                                        "k=100: ncells 2, 0.45, 1024)"},
+                  "agrame-matched": {"index_bytes": ours_size, "bytes_per_token": round(ours_size / tokens, 2),
+                                     "metrics": summarize(per_question["agrame-matched"]),
+                                     "search_ms_k10": stats(times["agrame-matched"][10]),
+                                     "search_ms_k100": stats(times["agrame-matched"][100]),
+                                     "settings": {"nprobe": ours.defaults.nprobe,
+                                                  "ncandidates": {k: v // 4 for k, v in PLAID_NDOCS.items()},
+                                                  "why": "PLAID's number of exactly scored passages (ndocs/4)"}},
+                  "agrame": {"index_bytes": ours_size, "bytes_per_token": round(ours_size / tokens, 2),
+                             "metrics": summarize(per_question["agrame"]),
+                             "search_ms_k10": stats(times["agrame"][10]), "search_ms_k100": stats(times["agrame"][100]),
+                             "settings": dict(ours.defaults._asdict()),
+                             "num_centroids": ours.store.codec.num_centroids}},
+              "note": "search only: query vectors encoded beforehand by AGRaME ([Q], no [MASK] padding) and given "
+                      "to both; passage granularity; index bytes exclude the passage text (AGRaME's passages.jsonl, "
+                      "colbert-ai keeps none); colbert-ai's build ran on cached vectors, its time beside other jobs"}
+    name = f"plaid-{args.dataset}" + (f"-s{args.limit}" if args.limit else "")
+    path = write_result(name, result, args.out, command_line("benchmarks.plaid", list(argv if argv is not None
+                                                                                        else os.sys.argv[1:])))
+    print(json.dumps({k: {m: v[m] for m in ("bytes_per_token", "metrics", "search_ms_k10", "search_ms_k100")}
+                      for k, v in result["systems"].items()}), "→", path)
+
+
+if __name__ == "__main__":
+    main()
