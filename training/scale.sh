@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The scaled recipe of issue 13 (README, Training): every step resumes, so the same command
 # continues after an interruption (on this CPU, across sessions).
-#   bash training/scale.sh                   # 3,000 steps; see the note in README.md for the measured step time
+#   bash training/scale.sh                   # 3,000 steps of ~14 s on 2 CPU cores (~12 h; README, Scaling up)
 #   STEPS=300 bash training/scale.sh         # a shorter run (the data are mined for STEPS × 8 questions)
 # The student runs on the CPU only: no device has been lent to this project yet, and
 # training.student has no --device (the GPU path is still to build).
