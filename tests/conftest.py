@@ -49,5 +49,13 @@ def make_tiny_encoder():
 
 
 @pytest.fixture
+def marked_encoder(make_tiny_encoder):
+    """The tiny model with AGRaME's query markers (what a training student looks like)."""
+    enc = make_tiny_encoder(doc_maxlen=64, query_maxlen=8)
+    return enc.with_settings(markers={"Q": "[unused0]", "Q'": "[unused2]", "D": "[unused1]"},
+                             span_query_marker="Q'")
+
+
+@pytest.fixture
 def coral_file() -> Path:
     return Path(__file__).resolve().parent.parent / "examples" / "coral.jsonl"

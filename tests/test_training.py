@@ -26,10 +26,8 @@ def record(question, order, teacher=(3.0, 0.0, -1.0)):
 
 
 @pytest.fixture
-def encoder(make_tiny_encoder):
-    enc = make_tiny_encoder(doc_maxlen=64, query_maxlen=8)
-    return enc.with_settings(markers={"Q": "[unused0]", "Q'": "[unused2]", "D": "[unused1]"},
-                             span_query_marker="Q'")
+def encoder(marked_encoder):
+    return marked_encoder
 
 
 def test_student_scores_equal_the_ranker(encoder):

@@ -18,10 +18,8 @@ from test_training import record
 
 
 @pytest.fixture
-def encoder(make_tiny_encoder):
-    enc = make_tiny_encoder(doc_maxlen=64, query_maxlen=8)
-    return enc.with_settings(markers={"Q": "[unused0]", "Q'": "[unused2]", "D": "[unused1]"},
-                             span_query_marker="Q'")
+def encoder(marked_encoder):
+    return marked_encoder
 
 
 def test_in_batch_scores_hold_every_pair_and_the_own_block(encoder):
