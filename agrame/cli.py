@@ -43,7 +43,21 @@ def _finite_float(value: str) -> float:
     return number
 
 
-_DEFAULT_MODEL = "default: the trained AGRaME MiniLM shipped with the package"
+def _default_model_help() -> str:
+    from .delta import is_delta
+    from .encoder import SHIPPED_MODEL
+
+    return ("default: the trained model in agrame/models/default" if is_delta(SHIPPED_MODEL)
+            else "default: zero-shot MiniLM (all-MiniLM-L6-v2, untrained)")
+
+
+def _model_names() -> str:
+    from .encoder import named_models
+
+    return ", ".join(["zero-shot", *named_models()])
+
+
+_DEFAULT_MODEL = _default_model_help()
 
 
 def _add_common(p: argparse.ArgumentParser, granularities: Sequence[str], default_granularity: str) -> None:
@@ -81,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="passage file format (default: by extension, else by content)")
     _add_common(rank, ("passage", "sentence", "span"), "sentence")
     rank.add_argument("--model", "-m", metavar="PATH", default=None,
-                      help="model folder (AGRaME, Stanford ColBERT or Hugging Face) or 'zero-shot'; " + _DEFAULT_MODEL)
+                      help="model folder (AGRaME, Stanford ColBERT or Hugging Face) or a shipped name ("
+                           + _model_names() + "); " + _DEFAULT_MODEL)
     rank.add_argument("--batch-size", type=_positive_int, default=16, help="passages per forward pass (default: 16, fastest on CPU)")
 
     index = sub.add_parser(
@@ -96,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     index.add_argument("--index", "-i", required=True, metavar="DIR", help="index folder to create (or extend with --add)")
     index.add_argument("--input-format", choices=FORMATS, default="auto", help="passage file format")
     index.add_argument("--model", "-m", metavar="PATH", default=None,
-                       help="model folder or 'zero-shot'; " + _DEFAULT_MODEL + " (with --add: the index's own)")
+                       help="model folder or a shipped name (" + _model_names() + "); " + _DEFAULT_MODEL
+                       + " (with --add: the index's own)")
     index.add_argument("--nbits", type=int, choices=(1, 2, 4, 8), default=2,
                        help="bits per dimension of each token's residual (default: 2, ~40 bytes per 128-d token)")
     index.add_argument("--format", dest="index_format", type=int, choices=(1, 2), default=2,
@@ -160,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                          help="ANSI colours: auto = when standard output is a terminal and NO_COLOR is unset")
     explain.add_argument("--model", "-m", metavar="PATH", default=None,
-                         help="model folder or 'zero-shot'; " + _DEFAULT_MODEL + " (with --index: the index's)")
+                         help="model folder or a shipped name (" + _model_names() + "); " + _DEFAULT_MODEL
+                         + " (with --index: the index's)")
 
     cite = sub.add_parser(
         "cite", help="add citations to a generated answer from the passages it was written from",
@@ -186,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "or the whole sentence's top 1 / top 2 passages")
     cite.add_argument("--format", "-f", choices=("text", "jsonl"), default="text",
                       help="text: the cited answer and its references; jsonl: one record per sentence")
-    cite.add_argument("--model", "-m", metavar="PATH", default=None, help="model folder or 'zero-shot'; " + _DEFAULT_MODEL)
+    cite.add_argument("--model", "-m", metavar="PATH", default=None, help="model folder or a shipped name (" + _model_names() + "); " + _DEFAULT_MODEL)
     cite.add_argument("--batch-size", type=_positive_int, default=16, help="passages per forward pass (default: 16)")
     return parser
 
