@@ -4,6 +4,6 @@
 - ``teachers``: passage CE, ``$``-marked sentence CE' and a one-pass CE (passage + sentences).
 - ``losses``: the multi-granular KL loss (L_psg + Σ w_i L_s), SupCon for the SubEncoder.
 - ``loop``: deterministic, resumable optimisation with checkpoints and a log file.
-- ``student``: AGRaME's multi-vector student and its ablations; ``export``: the shipped delta.
+- ``student``: AGRaME's multi-vector student and its ablations; ``export``: a model as a delta over MiniLM.
 - ``subencoder``: the Sub-Sentence Encoder baseline.
 """

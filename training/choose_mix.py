@@ -91,7 +91,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--start", required=True, help="θ₀ (the model training started from)")
-    parser.add_argument("--tuned", required=True, help="θ₁ ('default' = the shipped model)")
+    parser.add_argument("--tuned", required=True, help="θ₁: the fine-tuned model (a folder, or a shipped name such as squad-a1)")
     parser.add_argument("--mix", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
     parser.add_argument("--held", action="append", required=True, help="NAME=FILE[:skip[:limit]] (repeatable)")
     parser.add_argument("--reference", action="append", default=[], help="models measured alike (e.g. zero-shot)")

@@ -3,7 +3,7 @@
     python -m training.student --data runs/train/labels.jsonl --out runs/students/agrame \\
         --sentence-marker "Q'" --weighting softmax --layers 6 --dim 128 --steps 120 --batch-size 8 --lr 1e-4
 
-(the shipped model's recipe, training/reproduce.sh; a teacher's distill.jsonl is read alike)
+(squad-a1's recipe, training/reproduce.sh; a teacher's distill.jsonl is read alike)
 
 - Passage scores S(q,p) use the ``[Q]`` query; sentence scores S'(q,s) use the query with
   ``--sentence-marker`` (``Q'``: AGRaME; ``Q``: ablation A3), masked MaxSim over the

@@ -36,7 +36,7 @@ EXACT_CHUNK_TOKENS = 65_536
 
 class SearchSettings(NamedTuple):
     """Candidate-generation settings. Defaults chosen on 100 SQuAD *train* questions over the pooled
-    corpus with the shipped model, 2-bit index (``python -m benchmarks.index_search choose``; grid in
+    corpus with squad-a1 (the default then), 2-bit index (``python -m benchmarks.index_search choose``; grid in
     benchmarks/README.md): the cheapest sentence search (top 10) whose top sentence equals the
     exhaustive scan's on ≥ 99% of questions (nprobe 2–8, ncandidates 128), and the cheapest passage
     search (top 100) with ≥ 97% top-100 overlap with it (nprobe 8, 1,024 = 10 per hit)."""
