@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import os
 import resource
 import statistics
@@ -71,6 +72,14 @@ class PoolVectors:
 
     def index_path(self, nbits: int) -> Path:
         return cache_root() / f"index-pool-{self.encoder.fingerprint()[:12]}-{_hash(self.pool.texts)}-{nbits}b"
+
+
+def _exact_rankings_files(dataset: str, tag: Optional[str]) -> List[Path]:
+    """The exact scan's cached rankings made with the same model (runs of another model carry its --tag)."""
+    pattern = re.compile(rf"index_search-{re.escape(dataset)}-exact(-s\d+)?" + (f"-{re.escape(tag)}" if tag else "")
+                         + "-rankings\.json")
+    return sorted(p for p in cache_root().glob(f"index_search-{dataset}-exact*-rankings.json")
+                  if pattern.fullmatch(p.name))
 
 
 def _tagged(name: str, args) -> str:
@@ -169,7 +178,7 @@ def cmd_run(args) -> None:
     name = f"index_search-{args.dataset}-{args.first_stage}" + (f"-{args.nbits}b" if args.first_stage == "agrame" else "")
     if args.limit:
         name += f"-s{args.limit}"
-    rankings_file = cache_root() / f"{name}-rankings.json"
+    rankings_file = cache_root() / f"{_tagged(name, args)}-rankings.json"
     rankings_file.write_text(json.dumps(rankings))
     result = {
         "benchmark": "index_search", "dataset": args.dataset, "model": encoder.source,
@@ -182,7 +191,7 @@ def cmd_run(args) -> None:
     }
     if args.first_stage == "agrame":
         # Paired with the float16 exact scan where it ran (a sample: it costs ~2 s per question).
-        for exact_file in sorted(cache_root().glob(f"index_search-{args.dataset}-exact*-rankings.json")):
+        for exact_file in _exact_rankings_files(args.dataset, getattr(args, "tag", None)):
             exact = json.loads(exact_file.read_text())
             result["agreement_with_exact"] = {"exact_run": exact_file.name.replace("-rankings.json", ""),
                                               **agreement(rankings, exact)}

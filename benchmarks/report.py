@@ -544,6 +544,8 @@ def render_index_search(results: List[dict], open_domain: List[dict] | None = No
             m, a = r["metrics"], r.get("agreement_with_exact", {})
             label = r["first_stage"] + (f", nprobe {r['search']['nprobe']}, ncandidates {r['search']['ncandidates']}, "
                                         f"per hit {r['search'].get('per_hit', 1)}" if "search" in r else "")
+            if r.get("model") and not _is_squad_a1(r):
+                label += f" [model: {_model_label(r)}]"
             out.append(f"| {label} | {_sample_text(r)} | {_fmt(m['psg_p1'])} | {_fmt(m['psg_r100'])} "
                        f"| {_fmt(m.get('sent_p1'))} | {_fmt(m.get('sent_r5'))} "
                        f"| {_fmt(a.get('top100_passage_overlap'))} | {_fmt(a.get('same_top1_sentence'))} |")

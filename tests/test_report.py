@@ -45,7 +45,9 @@ def test_index_search_section_from_inline_results():
             "first_stage": "bm25 top-100", "sample": {"questions": 10, "of": 10, "seed": None},
             "metrics": {"psg_p1": 49.0, "first_stage_r100": 88.4, "sent_p1": 39.0, "sent_r5": 69.0},
             "command": "python -m benchmarks.open_domain", "date": "2026-11-23"}
-    text = render_index_search([run], [bm25])
+    other = {**run, "model": "zero-shot:all-MiniLM-L6-v2"}
+    text = render_index_search([run, other], [bm25])
+    assert "per hit 1 [model: zero-shot (384-d)] | 10 of 10 | 50.0 |" in text
     assert "| BM25 top-100, re-ranked [shipped] | 10 of 10 | 49.0 | 88.4 (BM25) | 39.0 | 69.0 | – | – |" in text
     assert ("| agrame compressed index, 2-bit residuals, nprobe 4, ncandidates 256, per hit 1 | 10 of 10 | 50.0 | 90.0 "
             "| 40.0 | 70.0 | 98.5 | 99.0 |") in text
