@@ -87,10 +87,8 @@ class CachedVectors:
     def __init__(self, vectors: PoolVectors):
         self.corpus = vectors.corpus()
         self.position = {t: i for i, t in enumerate(vectors.pool.texts)}
-        self.calls = 0
 
     def encode_passages(self, passages: Sequence[str]):
-        self.calls += 1
         rows, doclens = [], []
         for text in passages:
             p = self.position[text]

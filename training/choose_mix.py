@@ -67,6 +67,8 @@ def read_held(spec: str) -> tuple:
 
     name, _, rest = spec.partition("=")
     path, *window = rest.split(":")
+    if not name or not path or not Path(path).is_file() or not all(w.isdigit() for w in window):
+        raise ValueError(f"--held {spec}: expected NAME=FILE[:skip[:limit]] with an existing FILE")
     records = read(path)
     if window:
         skip, limit = int(window[0]), int(window[1]) if len(window) > 1 else None
@@ -97,7 +99,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--reference", action="append", default=[], help="models measured alike (e.g. zero-shot)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    held = [read_held(h) for h in args.held]
+    try:
+        held = [read_held(h) for h in args.held]
+    except ValueError as exc:
+        parser.error(str(exc))  # exit status 2
     start, tuned = load_model(args.start), load_model(args.tuned)
     if projection_agreement(start, tuned) < 0.5:
         raise SystemExit("error: --tuned was not trained from --start's projection (training.interpolate)")

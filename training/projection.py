@@ -22,33 +22,14 @@ import random
 from pathlib import Path
 from typing import Optional, Sequence
 
-import torch
 from torch import nn
 
 from agrame.encoder import ZERO_SHOT, Encoder, load_encoder, zero_shot_settings
 
 
-def projected_zero_shot(dim: int = 128, passages: int = 1024, seed: int = 0) -> Encoder:
-    """Zero-shot MiniLM with its ``dim`` principal (uncentred) token directions as projection."""
-    from benchmarks.common import squad_paragraphs
-
-    from .student import init_projection
-
-    base = load_encoder(ZERO_SHOT)
-    settings = zero_shot_settings()
-    settings.dim = dim
-    texts = [p["context"] for p in squad_paragraphs("train")]
-    texts = random.Random(seed).sample(texts, min(passages, len(texts)))
-    projection = nn.Linear(base.dim, dim, bias=False)
-    encoder = Encoder(base.backbone, base.tokenizer, settings, projection, source="zero-shot-projected")
-    with torch.inference_mode():
-        init_projection(encoder, texts)
-    return encoder
-
-
-def student_start(data: str, dim: int = 128) -> Encoder:
-    """Zero-shot MiniLM with the projection ``training.student`` initialises from ``data``."""
-    from .data import read
+def _projected(texts: Sequence[str], dim: int) -> Encoder:
+    """Zero-shot MiniLM (its query settings) with the projection onto the top ``dim`` (uncentred)
+    singular directions of the token vectors of ``texts``."""
     from .student import init_projection
 
     base = load_encoder(ZERO_SHOT)
@@ -56,8 +37,23 @@ def student_start(data: str, dim: int = 128) -> Encoder:
     settings.dim = dim
     encoder = Encoder(base.backbone, base.tokenizer, settings, nn.Linear(base.dim, dim, bias=False),
                       source="zero-shot-projected")
-    init_projection(encoder, [e["passages"][0]["text"] for e in read(data)[:128]])
+    init_projection(encoder, texts)
     return encoder
+
+
+def projected_zero_shot(dim: int = 128, passages: int = 1024, seed: int = 0) -> Encoder:
+    """Zero-shot MiniLM with its ``dim`` principal token directions from random SQuAD train paragraphs."""
+    from benchmarks.common import squad_paragraphs
+
+    texts = [p["context"] for p in squad_paragraphs("train")]
+    return _projected(random.Random(seed).sample(texts, min(passages, len(texts))), dim)
+
+
+def student_start(data: str, dim: int = 128) -> Encoder:
+    """Zero-shot MiniLM with the projection ``training.student`` initialises from ``data``."""
+    from .data import read
+
+    return _projected([e["passages"][0]["text"] for e in read(data)[:128]], dim)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
