@@ -337,15 +337,27 @@ class Encoder(nn.Module):
                 better = context > best_context[pos]
                 content[pos[better]] = window_vectors[w][prefix_len:prefix_len + length][better]
                 best_context[pos[better]] = context[better]
-            keep = torch.tensor([i not in self._skip_ids for i in ids], dtype=torch.bool)
+            keep = self._kept(ids)
             specials = torch.cat([first[:prefix_len], first[-1:]])  # [CLS] ([D]) and [SEP] of window 0
             vectors = torch.cat([specials, content[keep]])
-            offsets = torch.cat([
-                torch.zeros((specials.shape[0], 2), dtype=torch.long),
-                torch.tensor(offs, dtype=torch.long).reshape(-1, 2)[keep],
-            ])
-            out.append(EncodedPassage(vectors, offsets))
+            out.append(EncodedPassage(vectors, self._kept_offsets(offs, keep, prefix_len)))
         return out
+
+    def _kept(self, ids: Sequence[int]) -> torch.Tensor:
+        return torch.tensor([i not in self._skip_ids for i in ids], dtype=torch.bool)
+
+    @staticmethod
+    def _kept_offsets(offs, keep: torch.Tensor, prefix_len: int) -> torch.Tensor:
+        # Row order of an encoded passage: [CLS] ([D]) [SEP] first (offsets (0, 0)), then the kept tokens.
+        return torch.cat([torch.zeros((prefix_len + 1, 2), dtype=torch.long),
+                          torch.tensor(offs, dtype=torch.long).reshape(-1, 2)[keep]])
+
+    def passage_offsets(self, texts: Sequence[str]) -> List[torch.Tensor]:
+        """The ``offsets`` :meth:`encode_passages` gives each text, from the tokenizer alone (no model
+        run): tokenisation is deterministic, so a compressed index need not store them."""
+        ids_list, offs_list = self._tokenize(texts)
+        prefix_len = len(self._prefix(self.marker_id("D")))
+        return [self._kept_offsets(offs, self._kept(ids), prefix_len) for ids, offs in zip(ids_list, offs_list)]
 
     @torch.inference_mode()
     def _run(self, rows: List[List[int]], attend: List[List[int]]) -> torch.Tensor:

@@ -129,7 +129,7 @@ def _synthetic(seed: int, passages: int = 120, dim: int = 16, clusters: int = 24
 
 def test_full_probe_equals_exhaustive_scan(tmp_path, tiny_encoder):
     items, corpus, rng = _synthetic(0)
-    build_compressed(tiny_encoder, items, tmp_path / "ix", encoded=corpus, progress=False)
+    build_compressed(tiny_encoder, items, tmp_path / "ix", encoded=corpus, progress=False, store_offsets=True)
     index = Index(tmp_path / "ix", model=tiny_encoder)
     q = torch.from_numpy(_unit(rng.normal(size=(5, 16))).astype(np.float32))
     for granularity in ("passage", "sentence"):
@@ -143,7 +143,7 @@ def test_full_probe_equals_exhaustive_scan(tmp_path, tiny_encoder):
 def test_candidates_recover_exact_top1(tmp_path_factory, tiny_encoder, seed):
     items, corpus, rng = _synthetic(seed)
     path = tmp_path_factory.mktemp("ix") / "ix"
-    build_compressed(tiny_encoder, items, path, encoded=corpus, progress=False)
+    build_compressed(tiny_encoder, items, path, encoded=corpus, progress=False, store_offsets=True)
     index = Index(path, model=tiny_encoder)
     # A query made of noisy copies of one passage's tokens has a clear best passage.
     target = int(rng.integers(0, len(items)))
@@ -320,9 +320,96 @@ def test_model_names_that_load_again(small_index, tiny_encoder, make_tiny_encode
 def test_size_per_token(small_index):
     manifest = json.loads((small_index / "manifest.json").read_text())
     files = manifest["files"]
-    per_token = (files["codes.bin"]["size"] + files["residuals.bin"]["size"] + files["tokens.bin"]["size"]) \
-        / manifest["num_tokens"]
-    assert per_token == 2 + 16 * 2 / 8 + 6  # uint16 id, 2-bit residual of 16 dims, offsets
+    assert manifest["token_offsets"] == "tokenizer" and "tokens.bin" not in files
+    assert not (small_index / "tokens.bin").exists()
+    per_token = (files["codes.bin"]["size"] + files["residuals.bin"]["size"]) / manifest["num_tokens"]
+    assert per_token == 2 + 16 * 2 / 8  # uint16 id, 2-bit residual of 16 dims
+
+
+# -- token offsets: recomputed from the text, or stored ---------------------------------------------
+
+LONG = " ".join(["Reefs, lagoons; and atolls!"] * 30) + " The end."
+
+
+def test_passage_offsets_equal_those_of_encoding(tiny_encoder, marked_encoder):
+    # Windowed (doc_maxlen 24 and 64), with and without a [D] marker and punctuation masking.
+    for encoder in (tiny_encoder, marked_encoder, tiny_encoder.with_settings(mask_punctuation=False)):
+        texts = TEXTS + [LONG, "", "?!"]
+        encoded = encoder.encode_passages(texts)
+        for e, offsets in zip(encoded, encoder.passage_offsets(texts)):
+            assert torch.equal(e.offsets, offsets)
+
+
+def test_recomputed_offsets_search_like_stored_ones(tmp_path, tiny_encoder):
+    passages = [Passage(str(i), t) for i, t in enumerate(TEXTS + [LONG])]
+    spans = [Passage("s", TEXTS[0], ((0, 11), ((12, 19), (33, 43))))]
+    build_index(tiny_encoder, passages + spans, tmp_path / "lean", progress=False)
+    lean = Index(tmp_path / "lean", model=tiny_encoder)
+    build_compressed(tiny_encoder, passages + spans, tmp_path / "stored", codec=lean.store.codec, progress=False,
+                     store_offsets=True)
+    stored = Index(tmp_path / "stored", model=tiny_encoder)
+    assert (tmp_path / "stored" / "tokens.bin").exists() and not (tmp_path / "lean" / "tokens.bin").exists()
+    pids = np.arange(len(lean))
+    a, b = lean.store.corpus(pids), stored.store.corpus(pids)
+    assert torch.equal(a.offsets, b.offsets) and torch.equal(a.token_sentence, b.token_sentence)
+    c = lean.store.corpus(pids[::-1], with_offsets=False)  # from sentence_tokens.bin, no tokenizer run
+    assert torch.equal(c.token_sentence, stored.store.corpus(pids[::-1]).token_sentence)
+    assert (c.offsets == 0).all() and (a.token_sentence >= 0).sum() > len(pids)
+    for granularity in ("passage", "sentence", "span"):
+        for settings_ in ({}, {"exact": True}):
+            a = lean.search("coral reef lagoons", granularity, top_k=None, **settings_)
+            assert a == stored.search("coral reef lagoons", granularity, top_k=None, **settings_)
+    assert lean.explain("coral reef", "0") == stored.explain("coral reef", "0")
+    # An index that stores offsets keeps storing them when passages are added.
+    add_passages(tmp_path / "stored", tiny_encoder, [Passage("more", TEXTS[2])], progress=False)
+    grown = Index(tmp_path / "stored", model=tiny_encoder, verify=True)
+    assert grown.store.tokens.shape[0] == grown.store.num_tokens
+    assert grown.search("bleaching algae", "sentence", top_k=1)[0].passage_id == "more"
+
+
+def test_offsets_that_the_tokenizer_does_not_reproduce_are_refused(tmp_path, tiny_encoder):
+    items, corpus, _ = _synthetic(0, passages=10)
+    with pytest.raises(IndexFolderError, match="token offsets differ"):
+        build_compressed(tiny_encoder, items, tmp_path / "ix", encoded=corpus, progress=False)
+    assert not (tmp_path / "ix").exists()
+    # Vectors encoded by the index's own model (e.g. cached) pass the check.
+    passages = [Passage(str(i), t) for i, t in enumerate(TEXTS)]
+    cached = EncodedCorpus.build(passages, tiny_encoder.encode_passages(TEXTS))
+    build_compressed(tiny_encoder, passages, tmp_path / "ok", encoded=cached, progress=False)
+    assert Index(tmp_path / "ok", model=tiny_encoder).search("coral", "sentence", top_k=1)
+
+
+def test_recomputed_token_counts_are_checked(small_index, tiny_encoder):
+    from agrame.index import Store
+
+    with pytest.raises(IndexFolderError, match="open it with the model"):
+        Store(small_index).corpus(np.array([0]))
+    short = Store(small_index, tokenize=lambda texts: [o[:-1] for o in tiny_encoder.passage_offsets(texts)])
+    with pytest.raises(IndexFolderError, match="passage '1' has .* token vectors but the model's tokenizer gives"):
+        short.corpus(np.array([1]))
+    # Passage and sentence searches need no offsets, so no tokenizer.
+    assert len(Store(small_index).corpus(np.array([0, 1]), with_sentences=False)) == 2
+    assert len(Store(small_index).corpus(np.array([0, 1]), with_offsets=False).sentences) > 2
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 4)), max_size=4), min_size=1, max_size=5))
+def test_token_sentences_from_rows_matches_a_loop(passages):
+    from agrame.index.store import token_sentences_from_rows
+
+    doclens, counts, rows, expected = [], [], [], []
+    for sentences in passages:  # (gap before, length) per sentence, then a tail of 1
+        tokens, table = [], []
+        for gap, length in sentences:
+            tokens += [-1] * gap
+            table.append((len(tokens), len(tokens) + length) if length else (0, 0))
+            tokens += [len(table) - 1] * length
+        tokens.append(-1)
+        doclens.append(len(tokens)), counts.append(len(sentences))
+        rows += table
+        expected += tokens
+    got = token_sentences_from_rows(np.array(rows, dtype=np.int32).reshape(-1, 2), np.array(counts), np.array(doclens))
+    assert got.tolist() == expected
 
 
 def test_overwrite_and_exists(small_index, tiny_encoder):
@@ -331,3 +418,16 @@ def test_overwrite_and_exists(small_index, tiny_encoder):
     build_index(tiny_encoder, [Passage("x", "text here")], small_index, overwrite=True, progress=False)
     assert len(Index(small_index, model=tiny_encoder)) == 1
     shutil.rmtree(small_index)
+
+
+def test_sentence_rows_refuse_a_gap_inside_a_sentence():
+    from agrame.index.store import _sentence_rows
+
+    def rows(offsets):
+        enc = [EncodedPassage(torch.zeros((len(offsets), 4)), torch.tensor(offsets))]
+        return _sentence_rows([Passage("p", "ab cd. ef")], enc, np.array([[0, 6], [7, 9]]), np.array([2]),
+                              np.array([len(offsets)]))
+
+    assert rows([(0, 0), (0, 2), (3, 5), (5, 6), (7, 9)]).tolist() == [[1, 4], [4, 5]]
+    with pytest.raises(IndexFolderError, match="passage 'p': the tokens of a sentence are not consecutive"):
+        rows([(0, 0), (0, 2), (3, 3), (3, 5), (7, 9)])  # a zero-width token between two of sentence 0

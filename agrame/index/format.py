@@ -160,10 +160,11 @@ def index_model_name(manifest: dict) -> str:
 
 
 def load_index_model(manifest: dict, path: str | Path, model=None):
-    """The encoder to search an index with: ``model`` if given (checked), else the index's own."""
-    from ..encoder import Encoder, ModelError, load_encoder, named_model_with_fingerprint
+    """The encoder to search an index with: ``model`` if given (an :class:`Encoder`, or an object with
+    its ``fingerprint()``, ``source`` and ``passage_offsets``; checked), else the index's own."""
+    from ..encoder import ModelError, load_encoder, named_model_with_fingerprint
 
-    if isinstance(model, Encoder):
+    if model is not None and not isinstance(model, (str, Path)):
         encoder = model
     else:
         name = index_model_name(manifest) if model is None else str(model)

@@ -71,9 +71,12 @@ class Index:
             from .v1 import load_index
             self._v1 = load_index(self.path)[1]
         else:
-            self.store = Store(self.path, manifest, self._verify)
+            self.store = Store(self.path, manifest, self._verify, tokenize=self._passage_offsets)
             self._centroids = torch.from_numpy(self.store.codec.centroids.astype(np.float32))
         self.defaults = SearchSettings(**manifest.get("search", {}))
+
+    def _passage_offsets(self, texts: List[str]) -> list:
+        return self.encoder.passage_offsets(texts)
 
     def reload(self) -> bool:
         """Open the newest committed generation if it changed (e.g. after ``add``); True if it did."""
@@ -173,7 +176,7 @@ class Index:
             return pids
         pair_centroid = torch.from_numpy(np.repeat(probe, lengths))
         unique, local = np.unique(pids, return_inverse=True)
-        approx = scoring.segment_maxsim(cs[:, pair_centroid], torch.from_numpy(local), len(unique))
+        approx = scoring.segment_maxsim(torch.index_select(cs, 1, pair_centroid), torch.from_numpy(local), len(unique))
         pool = min(len(unique), PRUNE_FACTOR * ncandidates)
         if pool < len(unique):
             unique = unique[_top_indices(approx, pool)]
@@ -181,7 +184,8 @@ class Index:
             return unique
         codes = torch.from_numpy(store.codes_of(unique))
         owners = torch.repeat_interleave(torch.arange(len(unique)), torch.from_numpy(store.doclens[unique]))
-        approx = scoring.segment_maxsim(cs[:, codes], owners, len(unique))
+        # index_select gathers 141k columns in 1.4 ms, cs[:, codes] in 3.7 (pooled corpus, 1 thread).
+        approx = scoring.segment_maxsim(torch.index_select(cs, 1, codes), owners, len(unique))
         return unique[_top_indices(approx, ncandidates)]
 
     def _spans(self, corpus):
@@ -191,7 +195,7 @@ class Index:
         """Stage 3: decompress ``pids`` and score them exactly."""
         if len(pids) == 0:
             return []
-        corpus = self.store.corpus(pids, with_sentences=granularity != "passage")
+        corpus = self.store.corpus(pids, with_sentences=granularity != "passage", with_offsets=granularity == "span")
         if granularity == "span":
             table = self._spans(corpus)
             if not table:

@@ -8,7 +8,9 @@ Files (raw little-endian arrays, all append-only except the per-generation inver
 ``buckets.f32``        bucket cut-offs ``[B-1]`` then reconstruction values ``[B]``
 ``codes.bin``          ``[T]`` centroid id per token (uint16 when K ≤ 65,536, else int32)
 ``residuals.bin``      ``[T, d·nbits/8]`` packed residual buckets
-``tokens.bin``         ``[T]`` character start (int32) and length (uint16) of each token
+``sentence_tokens.bin`` ``[S, 2]`` int32 token rows (passage-local, end exclusive) of each sentence
+``tokens.bin``         instead of ``sentence_tokens.bin`` when the manifest says ``"token_offsets":
+                       "stored"``: character start (int32) and length (uint16) of each token
 ``doclens.bin``        ``[N]`` int32 tokens per passage
 ``sentcounts.bin``     ``[N]`` int32 sentences per passage
 ``sentences.bin``      ``[S, 2]`` int32 character spans of the sentences, passage by passage
@@ -17,9 +19,14 @@ Files (raw little-endian arrays, all append-only except the per-generation inver
 ``ivf-G.offsets.bin``  ``[K+1]`` int64 CSR starts; ``ivf-G.pids.bin``: int32 passages per centroid
 =====================  ==========================================================
 
-Token→sentence ids are not stored: they follow from the token offsets and the sentence
-spans (:func:`agrame.spans.token_segments`) and are recomputed for the passages a search
-decompresses. A build writes into a temporary folder renamed into place; an ``add`` appends
+Token offsets are not stored by default (``"token_offsets": "tokenizer"``: 6 of ~44 bytes per
+token at 128-d and 2 bits): tokenisation is deterministic, so :meth:`Encoder.passage_offsets`
+recomputes them from the text where they are needed — span searches and explanations, a few
+passages each (checked against each passage's token count). Sentence searches need only which
+tokens each sentence holds: a sentence's tokens are consecutive rows (tokens in text order,
+sentences sorted and disjoint), so ``sentence_tokens.bin`` keeps their range (~0.3 B per token;
+what :func:`agrame.spans.token_segments` gives, checked when written). The tokenizer costs
+~0.4 ms per passage here — too slow to run on every survivor of a sentence search. A build writes into a temporary folder renamed into place; an ``add`` appends
 past the committed sizes and commits by replacing the manifest (:mod:`agrame.index.format`).
 """
 
@@ -29,7 +36,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -43,8 +50,14 @@ from .format import (FORMAT_V2, MANIFEST, IndexFolderError, check_files, check_m
 from .ivf import InvertedFile, build_ivf, merge_ivf, unique_pairs
 
 TOKEN_DTYPE = np.dtype([("start", "<i4"), ("length", "<u2")])
-APPEND_FILES = ("codes.bin", "residuals.bin", "tokens.bin", "doclens.bin", "sentcounts.bin", "sentences.bin",
+TOKENS_FILE = "tokens.bin"
+SENTENCE_TOKENS_FILE = "sentence_tokens.bin"
+APPEND_FILES = ("codes.bin", "residuals.bin", "doclens.bin", "sentcounts.bin", "sentences.bin",
                 "passages.jsonl", "passage_offsets.bin")
+
+
+def append_files(store_offsets: bool) -> Tuple[str, ...]:
+    return APPEND_FILES + ((TOKENS_FILE,) if store_offsets else (SENTENCE_TOKENS_FILE,))
 #: k-means training points per centroid. faiss suggests ≥ 39; ColBERTv2 trains on ~96% of a
 #: 34k-passage corpus on a GPU. On 2 CPU cores the k-means cost (points × K × d per
 #: iteration) must stay within minutes, so the sample is K × this (measured in benchmarks).
@@ -65,11 +78,12 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 class _Appender:
     """Appends arrays to the store files, tracking sizes and running CRC-32s."""
 
-    def __init__(self, folder: Path, files: Dict[str, dict]):
+    def __init__(self, folder: Path, files: Dict[str, dict], store_offsets: bool):
         self.folder = folder
         self.files = {name: dict(info) for name, info in files.items()}
         self.handles = {}
-        for name in APPEND_FILES:
+        self.store_offsets = store_offsets
+        for name in append_files(store_offsets):
             info = self.files.setdefault(name, {"size": 0, "crc32": 0})
             f = open(folder / name, "r+b" if (folder / name).exists() else "w+b")
             f.truncate(info["size"])  # drop an interrupted append beyond the committed size
@@ -110,10 +124,16 @@ def _passage_sentences(passage: Passage, given) -> List[Tuple[int, int]]:
 
 
 class _ChunkWriter:
-    """Compress encoded passages and append them (one place for build and add)."""
+    """Compress encoded passages and append them (one place for build and add).
 
-    def __init__(self, appender: _Appender, codec: ResidualCodec, first_pid: int):
+    ``check_offsets``: the tokenizer's offsets of texts (:meth:`Encoder.passage_offsets`), compared
+    with those of vectors computed elsewhere (``build_compressed(encoded=…)``) when the index does
+    not store offsets — a search would recompute them and must find the same tokens.
+    """
+
+    def __init__(self, appender: _Appender, codec: ResidualCodec, first_pid: int, check_offsets=None):
         self.out, self.codec, self.next_pid = appender, codec, first_pid
+        self.check_offsets = None if appender.store_offsets else check_offsets
         self.pairs: List[np.ndarray] = []
         self.has_spans = False
         self.tokens = 0
@@ -123,13 +143,11 @@ class _ChunkWriter:
               sentences: Optional[Sequence] = None) -> None:
         vectors = np.concatenate([e.vectors.numpy() for e in encoded]) if encoded else np.zeros((0, self.codec.dim))
         codes, residuals = self.codec.compress(vectors)
-        offsets = np.concatenate([e.offsets.numpy() for e in encoded])
-        tokens = np.zeros(len(offsets), dtype=TOKEN_DTYPE)
-        tokens["start"] = offsets[:, 0]
-        lengths = offsets[:, 1] - offsets[:, 0]
-        if lengths.size and lengths.max() > np.iinfo(np.uint16).max:
-            raise IndexFolderError("a token spans more than 65,535 characters")
-        tokens["length"] = lengths
+        if self.check_offsets is not None:
+            for p, e, again in zip(passages, encoded, self.check_offsets([p.text for p in passages])):
+                if not torch_equal(e.offsets, again):
+                    raise IndexFolderError(f"passage {p.id!r}: its vectors' token offsets differ from what the "
+                                           "model's tokenizer gives its text (encoded by another model or text?)")
         doclens = np.array([len(e.offsets) for e in encoded], dtype=np.int32)
         spans = [_passage_sentences(p, None if sentences is None else sentences[i]) for i, p in enumerate(passages)]
         for p, sp in zip(passages, spans):
@@ -141,7 +159,10 @@ class _ChunkWriter:
         self.pairs.append(unique_pairs(codes, pids))
         self.out.write("codes.bin", codes.tobytes())
         self.out.write("residuals.bin", np.ascontiguousarray(residuals).tobytes())
-        self.out.write("tokens.bin", tokens.tobytes())
+        if self.out.store_offsets:
+            self.out.write(TOKENS_FILE, _token_table(encoded).tobytes())
+        else:
+            self.out.write(SENTENCE_TOKENS_FILE, _sentence_rows(passages, encoded, flat, sentcounts, doclens).tobytes())
         self.out.write("doclens.bin", doclens.tobytes())
         self.out.write("sentcounts.bin", sentcounts.tobytes())
         self.out.write("sentences.bin", flat.tobytes())
@@ -158,6 +179,66 @@ class _ChunkWriter:
         self.next_pid += len(passages)
         self.tokens += int(doclens.sum())
         self.sentences += int(sentcounts.sum())
+
+
+def torch_equal(a, b) -> bool:
+    return a.shape == b.shape and bool((a == b).all())
+
+
+def token_sentences_from_rows(rows: np.ndarray, sent_counts: np.ndarray, doclens: np.ndarray) -> np.ndarray:
+    """Passage-local sentence id of every token of consecutive passages (−1 outside every
+    sentence), from each sentence's token rows ``[S, 2]`` (``sentence_tokens.bin``)."""
+    sent_counts, doclens = np.asarray(sent_counts, np.int64), np.asarray(doclens, np.int64)
+    rows = np.asarray(rows, np.int64).reshape(-1, 2)
+    out = np.full(int(doclens.sum()), -1, dtype=np.int64)
+    passage_start = np.concatenate([[0], np.cumsum(doclens)[:-1]])
+    first_sentence = np.concatenate([[0], np.cumsum(sent_counts)[:-1]])
+    local = np.arange(len(rows)) - np.repeat(first_sentence, sent_counts)
+    lengths = rows[:, 1] - rows[:, 0]
+    starts = np.repeat(passage_start, sent_counts) + rows[:, 0]
+    out[_ranges(starts, lengths)] = np.repeat(local, lengths)
+    return out
+
+
+def _sentence_rows(passages: Sequence[Passage], encoded: Sequence[EncodedPassage], flat: np.ndarray,
+                   sent_counts: np.ndarray, doclens: np.ndarray) -> np.ndarray:
+    """``[S, 2]`` int32 token rows of each sentence (empty: ``(0, 0)``), checked to give back
+    :func:`agrame.spans.token_segments` exactly."""
+    import torch
+
+    if not len(flat):
+        return np.zeros((0, 2), dtype=np.int32)
+    offsets = torch.cat([e.offsets for e in encoded])
+    token_passage = torch.repeat_interleave(torch.arange(len(encoded)), torch.from_numpy(doclens.astype(np.int64)))
+    span_starts = np.concatenate([[0], np.cumsum(sent_counts)])
+    local = sorted_token_segments(offsets, torch.from_numpy(flat.astype(np.int64)), token_passage,
+                                  torch.from_numpy(span_starts)).numpy()
+    owner = token_passage.numpy()
+    row = np.arange(len(local)) - np.concatenate([[0], np.cumsum(doclens)[:-1]])[owner]
+    hit = local >= 0
+    sentence = local[hit] + span_starts[owner[hit]]
+    first = np.full(len(flat), np.iinfo(np.int64).max)
+    last = np.zeros(len(flat), dtype=np.int64)
+    np.minimum.at(first, sentence, row[hit])
+    np.maximum.at(last, sentence, row[hit] + 1)
+    rows = np.stack([np.where(last > 0, first, 0), last], axis=1)
+    again = token_sentences_from_rows(rows, sent_counts, doclens)
+    if not np.array_equal(again, local):
+        bad = int(owner[np.flatnonzero(again != local)[0]])
+        raise IndexFolderError(f"passage {passages[bad].id!r}: the tokens of a sentence are not consecutive "
+                               "(a zero-width token inside it?); index it with store_offsets=True")
+    return rows.astype(np.int32)
+
+
+def _token_table(encoded: Sequence[EncodedPassage]) -> np.ndarray:
+    offsets = np.concatenate([e.offsets.numpy() for e in encoded]) if encoded else np.zeros((0, 2), np.int64)
+    tokens = np.zeros(len(offsets), dtype=TOKEN_DTYPE)
+    tokens["start"] = offsets[:, 0]
+    lengths = offsets[:, 1] - offsets[:, 0]
+    if lengths.size and lengths.max() > np.iinfo(np.uint16).max:
+        raise IndexFolderError("a token spans more than 65,535 characters")
+    tokens["length"] = lengths
+    return tokens
 
 
 def _encode_chunks(encoder: Encoder, passages: Sequence[Passage], chunk: int, batch_size: int,
@@ -225,13 +306,15 @@ def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | 
                      batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
                      progress: bool = True, sentences: Optional[Sequence] = None,
                      codec: Optional[ResidualCodec] = None, encoded: Optional[EncodedCorpus] = None,
-                     seed: int = 0) -> Path:
+                     seed: int = 0, store_offsets: bool = False) -> Path:
     """Write an ``agrame-index/2`` folder, streaming: encode a chunk, compress it, append it.
 
     ``codec`` reuses given centroids and buckets (e.g. another index's); ``encoded`` takes
     vectors already computed for ``passages`` (same order) instead of encoding them: an
     :class:`EncodedCorpus`, or any object with ``num_tokens``, ``sample_vectors(n, seed)`` and
     ``chunks(passages, chunk_passages, bar)`` (see :class:`VectorSource`; e.g. generated vectors).
+    Token offsets are recomputed by searches from the text (``encoder.passage_offsets``; those of
+    ``encoded`` vectors are checked against it at build time) unless ``store_offsets``.
     """
     path = Path(path)
     if path.exists() and not overwrite:
@@ -256,8 +339,8 @@ def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | 
                 bar = tqdm(total=len(passages), desc="indexing", unit="psg", disable=None)
             files: Dict[str, dict] = {}
             _codec_files(tmp, codec, files)
-            out = _Appender(tmp, files)
-            writer = _ChunkWriter(out, codec, 0)
+            out = _Appender(tmp, files, store_offsets)
+            writer = _ChunkWriter(out, codec, 0, None if source is None else encoder.passage_offsets)
             chunks = (source.chunks(passages, chunk_passages, bar) if source is not None else
                       _encode_chunks(encoder, passages, chunk_passages, batch_size, cached, bar))
             for lo, part, enc in chunks:
@@ -272,7 +355,8 @@ def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | 
                 "model": model_block(encoder), "dim": codec.dim, "nbits": codec.nbits,
                 "num_centroids": codec.num_centroids, "code_dtype": codec.code_dtype.str,
                 "codec": codec_info, "num_passages": writer.next_pid, "num_tokens": writer.tokens,
-                "num_sentences": writer.sentences, "has_spans": writer.has_spans, "files": files,
+                "num_sentences": writer.sentences, "has_spans": writer.has_spans,
+                "token_offsets": "stored" if store_offsets else "tokenizer", "files": files,
             }
             write_manifest(tmp, manifest)
     finally:
@@ -356,11 +440,23 @@ class _FieldView(Sequence):
         return self._records.get(k if k >= 0 else len(self) + k)[self._field]
 
 
-class Store:
-    """Read side of one committed generation: memory-mapped arrays, lazily read passages."""
+def offsets_stored(manifest: dict) -> bool:
+    """Whether an index keeps token offsets in ``tokens.bin`` (indexes written before the
+    ``token_offsets`` field all did)."""
+    return manifest.get("token_offsets", "stored") == "stored"
 
-    def __init__(self, path: str | Path, manifest: Optional[dict] = None, verify: bool | str = "auto"):
+
+class Store:
+    """Read side of one committed generation: memory-mapped arrays, lazily read passages.
+
+    ``tokenize``: texts → their token offsets (:meth:`Encoder.passage_offsets` of the index's
+    model), needed for sentence and span tables when the index does not store offsets.
+    """
+
+    def __init__(self, path: str | Path, manifest: Optional[dict] = None, verify: bool | str = "auto",
+                 tokenize: Optional[Callable[[List[str]], list]] = None):
         self.path = Path(path)
+        self.tokenize = tokenize
         self.manifest = manifest if manifest is not None else read_manifest(self.path)
         if self.manifest["format"] != FORMAT_V2:
             raise IndexFolderError(f"{self.path}: not a compressed ({FORMAT_V2}) index")
@@ -375,7 +471,9 @@ class Store:
             T, N = m["num_tokens"], m["num_passages"]
             self.codes = self._map("codes.bin", np.dtype(m["code_dtype"]), (T,))
             self.residuals = self._map("residuals.bin", np.uint8, (T, self.codec.bytes_per_token))
-            self.tokens = self._map("tokens.bin", TOKEN_DTYPE, (T,))
+            self.tokens = self._map(TOKENS_FILE, TOKEN_DTYPE, (T,)) if offsets_stored(m) else None
+            self.sentence_tokens = None if offsets_stored(m) else \
+                self._map(SENTENCE_TOKENS_FILE, np.int32, (m["num_sentences"], 2))
             self.doclens = np.fromfile(self.path / "doclens.bin", dtype="<i4", count=N).astype(np.int64)
             sentcounts = np.fromfile(self.path / "sentcounts.bin", dtype="<i4", count=N).astype(np.int64)
             self.sentences = np.fromfile(self.path / "sentences.bin", dtype="<i4",
@@ -398,7 +496,9 @@ class Store:
     def _map(self, name: str, dtype, shape) -> np.ndarray:
         if int(np.prod(shape)) == 0:
             return np.zeros(shape, dtype=dtype)
-        return np.memmap(self.path / name, dtype=dtype, mode="r", shape=shape)
+        # A plain ndarray view of the mapping: np.memmap's own __getitem__ costs ~25 µs a slice,
+        # a third of a passage record's read.
+        return np.memmap(self.path / name, dtype=dtype, mode="r", shape=shape).view(np.ndarray)
 
     def __len__(self) -> int:
         return int(self.manifest["num_passages"])
@@ -429,36 +529,44 @@ class Store:
     def codes_of(self, pids: np.ndarray) -> np.ndarray:
         return np.asarray(self.codes[self.token_rows(pids)], dtype=np.int64)
 
-    def corpus(self, pids: Sequence[int], with_sentences: bool = True) -> EncodedCorpus:
+    def corpus(self, pids: Sequence[int], with_sentences: bool = True, with_offsets: bool = True) -> EncodedCorpus:
         """Decompress passages ``pids`` into an :class:`EncodedCorpus` (in that order) for exact scoring.
 
         ``with_sentences=False`` (passage searches) skips the sentence tables and reads a passage's
         record (id, text) only when a caller asks for it — for the few hits, not every survivor.
+        ``with_offsets=False`` (sentence searches) leaves every token's offsets at (0, 0) instead of
+        recomputing them: sentence scores need only the token→sentence table. Spans and
+        explanations need them (the default). A passage-only corpus has neither.
         """
         import torch
 
         pids = np.asarray(pids, dtype=np.int64)
         rows = self.token_rows(pids)
         vectors = self.codec.decompress(self.codes[rows], self.residuals[rows])
-        tokens = self.tokens[rows]
-        offsets = torch.from_numpy(np.stack([tokens["start"], tokens["start"] + tokens["length"]], axis=1)
-                                   .astype(np.int64))
         doclens = torch.from_numpy(self.doclens[pids])
         token_passage = torch.repeat_interleave(torch.arange(len(pids)), doclens)
         passage_starts = torch.cat([torch.zeros(1, dtype=torch.long), doclens.cumsum(0)])
         if not with_sentences:
             records = _LazyRecords(self, pids)
             return EncodedCorpus(
-                ids=records.view("id"), texts=records.view("text"), vectors=vectors, offsets=offsets,
+                ids=records.view("id"), texts=records.view("text"), vectors=vectors,
+                offsets=torch.zeros((len(rows), 2), dtype=torch.long),
                 token_passage=token_passage, token_sentence=torch.full((len(rows),), -1, dtype=torch.long),
                 sentences=torch.zeros((0, 2), dtype=torch.long), sentence_passage=torch.zeros(0, dtype=torch.long),
                 passage_starts=passage_starts)
-        sent_counts = self.sent_starts[pids + 1] - self.sent_starts[pids]
-        sentences = torch.from_numpy(self.sentences[_ranges(self.sent_starts[pids], sent_counts)].astype(np.int64))
-        span_starts = torch.from_numpy(np.concatenate([[0], np.cumsum(sent_counts)]))
-        local = sorted_token_segments(offsets, sentences, token_passage, span_starts)
-        token_sentence = torch.where(local >= 0, local + span_starts[token_passage], local)
         records = [self.record(p) for p in pids.tolist()]
+        offsets = (self._offsets(pids, rows, records) if with_offsets or self.sentence_tokens is None
+                   else torch.zeros((len(rows), 2), dtype=torch.long))
+        sent_counts = self.sent_starts[pids + 1] - self.sent_starts[pids]
+        sent_rows = _ranges(self.sent_starts[pids], sent_counts)
+        sentences = torch.from_numpy(self.sentences[sent_rows].astype(np.int64))
+        span_starts = torch.from_numpy(np.concatenate([[0], np.cumsum(sent_counts)]))
+        if self.sentence_tokens is not None:
+            local = torch.from_numpy(token_sentences_from_rows(self.sentence_tokens[sent_rows], sent_counts,
+                                                               self.doclens[pids]))
+        else:
+            local = sorted_token_segments(offsets, sentences, token_passage, span_starts)
+        token_sentence = torch.where(local >= 0, local + span_starts[token_passage], local)
         return EncodedCorpus(
             ids=[r["id"] for r in records], texts=[r["text"] for r in records], vectors=vectors,
             offsets=offsets, token_passage=token_passage, token_sentence=token_sentence,
@@ -466,6 +574,25 @@ class Store:
             sentence_passage=torch.repeat_interleave(torch.arange(len(pids)), torch.from_numpy(sent_counts)),
             passage_starts=passage_starts,
             spans={r["id"]: tuple(r["spans"]) for r in records if "spans" in r})
+
+    def _offsets(self, pids: np.ndarray, rows: np.ndarray, records: List[dict]):
+        """``[n, 2]`` character offsets of the tokens of ``pids`` (rows ``rows``): stored, or recomputed."""
+        import torch
+
+        if self.tokens is not None:
+            tokens = self.tokens[rows]
+            return torch.from_numpy(np.stack([tokens["start"], tokens["start"] + tokens["length"]], axis=1)
+                                    .astype(np.int64))
+        if self.tokenize is None:
+            raise IndexFolderError(f"index {self.path} recomputes token offsets with its model's tokenizer: "
+                                   "open it with the model (Index(path, model=…))")
+        parts = self.tokenize([r["text"] for r in records])
+        for p, r, part in zip(pids.tolist(), records, parts):
+            if len(part) != self.doclens[p]:
+                raise IndexFolderError(f"index {self.path}: passage {r['id']!r} has {self.doclens[p]} token "
+                                       f"vectors but the model's tokenizer gives {len(part)} tokens "
+                                       "(a damaged index, or another model's tokenizer)")
+        return torch.cat(parts) if parts else torch.zeros((0, 2), dtype=torch.long)
 
     def bytes(self, include_text: bool = False) -> int:
         """Committed bytes of the folder (manifest included; passage text optional)."""
@@ -500,7 +627,8 @@ def add_passages(path: str | Path, encoder: Encoder, passages: Sequence[Passage]
     if clash:
         raise IndexFolderError(f"passage ids already in {path}: {clash[:5]}")
     files = {k: v for k, v in manifest["files"].items()}
-    out = _Appender(path, {k: files[k] for k in APPEND_FILES})
+    stored = offsets_stored(manifest)
+    out = _Appender(path, {k: files[k] for k in append_files(stored)}, stored)
     writer = _ChunkWriter(out, store.codec, len(store))
     bar = None
     if progress:
@@ -539,4 +667,4 @@ def verify_crc(path: str | Path) -> None:
     check_files(Path(path), manifest.get("files", {}), verify=True)
 
 
-__all__ = ["Store", "build_compressed", "add_passages", "train_codec", "verify_crc", "crc32_file"]
+__all__ = ["Store", "build_compressed", "add_passages", "offsets_stored", "train_codec", "verify_crc", "crc32_file"]
