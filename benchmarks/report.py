@@ -558,13 +558,14 @@ def render_index_search(results: List[dict], open_domain: List[dict] | None = No
     sizes = sorted((r for r in results if r.get("what") == "size"), key=lambda r: r["nbits"])
     if sizes:
         out += ["### Size", "", "| model | residual bits | tokens | centroids | bytes/token (text excluded) | of which: "
-                "codes / residuals / token offsets / inverted file / centroids | index MB (text excluded) | "
+                "codes / residuals / token table (stored offsets, or sentence token rows) / inverted file / centroids | "
+                "index MB (text excluded) | "
                 "format-1 bytes/token | ratio | build s (from cached vectors) |",
                 "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
         for r in sizes:
             f = r["bytes_per_token_by_file"]
             ivf = sum(v for k, v in f.items() if k.startswith("ivf-"))
-            parts = " / ".join(f"{v:.2f}" for v in (f["codes.bin"], f["residuals.bin"], f["tokens.bin"], ivf,
+            parts = " / ".join(f"{v:.2f}" for v in (f["codes.bin"], f["residuals.bin"], f.get("tokens.bin", 0.0) + f.get("sentence_tokens.bin", 0.0), ivf,
                                                      f["centroids.f16"]))
             out.append(f"| {_model_label(r)} | {r['nbits']} | {r['tokens']:,} | {r['num_centroids']:,} | "
                        f"{r['bytes_per_token_text_excluded']} | {parts} | {r['index_bytes_text_excluded'] / 1e6:.1f} | "
