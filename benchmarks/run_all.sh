@@ -60,7 +60,9 @@ run python -m benchmarks.index_search choose --nbits 2 --limit 100 "${A1[@]}"   
 for d in nq-oracle squad-dev; do
   run python -m benchmarks.index_search run --dataset "$d" --first-stage exact --limit 300 "${A1[@]}"
   run python -m benchmarks.index_search run --dataset "$d" --first-stage agrame --nbits 2 "${A1[@]}"
-  run python -m benchmarks.index_search run --dataset "$d" --first-stage agrame --nbits 4 --limit 300 "${A1[@]}"
+  for b in 4 8; do
+    run python -m benchmarks.index_search run --dataset "$d" --first-stage agrame --nbits "$b" --limit 300 "${A1[@]}"
+  done
   run python -m benchmarks.open_domain --dataset "$d" --method colbert-zeroshot-psg --tag shipped "${A1[@]}" \
       $([ "$d" = squad-dev ] && echo --limit 2000)
 done
@@ -72,4 +74,5 @@ run python -m benchmarks.index_search latency --nbits 2 --model zero-shot --tag 
 run python -m benchmarks.plaid --model squad-a1 --dataset nq-oracle --threads 2
 run python -m benchmarks.serve_load --clients 8 --requests 100        # timing: run alone
 run python -m benchmarks.index_search scale --tokens 1e7
+run python -m benchmarks.index_search scale --tokens 1e8    # ~2 h on 2 cores, alone; k-means kept on disk
 run python -m benchmarks.report
