@@ -36,6 +36,13 @@ def test_in_batch_scores_hold_every_pair_and_the_own_block(encoder):
             if same:
                 assert float(every[b, c]) == pytest.approx(float(own[b, same[0]]), abs=1e-4)
     assert torch.allclose(sentence, sentence_ib)
+    # The sentence mask against a loop over the passages' token → sentence tables.
+    scorer = StudentScorer(encoder, "Q'")
+    _, mask = scorer(batch)[1:]
+    _, _, _, seg_ids, n_sent, width = scorer.passage_batch([p for r in batch for p in r["passages"]])
+    for k, seg in enumerate(seg_ids):
+        expected = [bool((seg == s).any()) for s in range(n_sent)]
+        assert mask[k // 3, k % 3].tolist() == expected
 
 
 def test_in_batch_teacher_and_loss():
@@ -167,3 +174,22 @@ def test_held_out_evaluation_finds_the_planted_answer(encoder):
     rows = {"mix=0": {"x": {"sentence_p1_by_alpha": {"0.5": 40.0, "1.0": 50.0}}},
             "mix=1": {"x": {"sentence_p1_by_alpha": {"0.5": 45.0, "1.0": 45.0}}}}
     assert best_setting(rows) == {"model": "mix=0", "alpha": 1.0, "mean_sentence_p1": 50.0}
+
+
+def test_student_runs_on_the_encoders_device(make_tiny_encoder):
+    # No GPU here: the meta device checks the same thing — any tensor left on the CPU would meet
+    # a meta tensor in one operation and raise.
+    from transformers import BertModel
+
+    encoder = make_tiny_encoder(doc_maxlen=64, query_maxlen=8).with_settings(
+        markers={"Q": "[unused0]", "Q'": "[unused2]", "D": "[unused1]"}, span_query_marker="Q'")
+    config = encoder.backbone.config
+    config._attn_implementation = "eager"  # sdpa's attention-mask shortcut reads a value (.item())
+    encoder.backbone = BertModel(config, add_pooling_layer=False)
+    encoder.to("meta")
+    batch = [record("reefs", [0, 1, 2]), record("tower", [2, 3, 0])]
+    for in_batch in (False, True):
+        scorer = StudentScorer(encoder, "Q'", in_batch=in_batch)
+        assert scorer.device.type == "meta"
+        value = make_loss(scorer, MultiGranularKLLoss())(batch)
+        assert value.device.type == "meta" and value.shape == ()

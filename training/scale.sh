@@ -3,8 +3,8 @@
 # continues after an interruption (on this CPU, across sessions).
 #   bash training/scale.sh                   # 1,000 steps of ~14 s on 2 CPU cores (~4 h; README, Scaling up)
 #   STEPS=300 bash training/scale.sh         # a shorter run (the data are mined for STEPS × 8 questions)
-# The student runs on the CPU only: no device has been lent to this project yet, and
-# training.student has no --device (the GPU path is still to build).
+# DEVICE=cuda puts the students on a GPU (training.student --device; untried: no device has been
+# lent to this project yet; checkpoints are device-free, so a run may move between CPU and GPU).
 # Stages:
 #   start    θ₀ = zero-shot-128 (shipped: zero-shot MiniLM with a 128-d principal projection, training.projection)
 #   data     SQuAD v1.1 train, every question (87,599; 5% of articles held out), k = 7 negatives:
@@ -32,7 +32,8 @@ for part in squad scifact; do
   [ -s "$R/$part-labels.jsonl" ] || python -m training.teachers labels --data "$R/$part.jsonl" --out "$R/$part-labels.jsonl"
 done
 recipe=(--data "$R/squad-labels.jsonl" "$R/scifact-labels.jsonl@4" --init-model zero-shot-128 --layers 6 --dim 128
-        --steps "$STEPS" --batch-size 8 --lr 1e-4 --warmup 0.05 --layer-lr-decay 0.8 --in-batch --seed 0)
+        --steps "$STEPS" --batch-size 8 --lr 1e-4 --warmup 0.05 --layer-lr-decay 0.8 --in-batch --seed 0
+        --device "${DEVICE:-cpu}")
 [ -e "$R/agrame/final/agrame.json" ] || python -m training.student "${recipe[@]}" --out "$R/agrame" --sentence-marker "Q'"
 [ -e "$R/colbert/final/agrame.json" ] || python -m training.student "${recipe[@]}" --out "$R/colbert" --sentence-weight 0
 for m in agrame colbert; do

@@ -173,13 +173,18 @@ class StudentScorer(nn.Module):
             seg_ids[i, :len(seg)] = torch.where(keep, seg, torch.full_like(seg, -1))
         return ids, mask, doc_mask, seg_ids, max(n_sent), width
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.encoder.parameters()).device
+
     def query_vectors(self, questions: Sequence[str], marker: str) -> Tuple[torch.Tensor, torch.Tensor]:
         rows, _, attend = self.encoder.query_inputs(questions, marker)
         ids, present = _pad(rows, self.encoder.tokenizer.pad_token_id)
         attention = torch.zeros_like(present)
         for i, a in enumerate(attend):
             attention[i, :len(a)] = torch.tensor(a)
-        return self.encoder(ids, attention), present.bool()  # every row position that exists is scored
+        dev = self.device  # every row position that exists is scored
+        return self.encoder(ids.to(dev), attention.to(dev)), present.bool().to(dev)
 
     def forward(self, batch: Sequence[dict]):
         """Student passage scores ``[B, P]`` (``[B, B·P]`` with in-batch negatives: query b's own
@@ -195,6 +200,8 @@ class StudentScorer(nn.Module):
             qs, qs_mask = self.query_vectors(questions, self.sentence_marker)
         flat = [p for r in batch for p in r["passages"]]
         ids, mask, doc_mask, seg_ids, n_sent, width = self.passage_batch(flat)
+        dev = self.device
+        ids, mask, doc_mask, seg_ids = ids.to(dev), mask.to(dev), doc_mask.to(dev), seg_ids.to(dev)
         # Passages hold no trained marker: no gradient into the embeddings, so the frozen lower
         # layers are never back-propagated through for them (the costly side of a step).
         docs = self.encoder(ids, mask, detach_embeddings=True).reshape(len(batch), n_p, width, -1)
@@ -210,15 +217,13 @@ class StudentScorer(nn.Module):
             passage = (cross.amax(dim=-1) * q_mask.unsqueeze(1)).sum(dim=-1)  # [B, B·P]
         s_sim = sim if qs is q else torch.einsum("bqd,bptd->bpqt", qs, docs).masked_fill(~doc_mask.unsqueeze(2), neg)
         # Segment max over each sentence's tokens: tokens outside sentences go to a spare slot.
-        index = torch.where(seg_ids >= 0, seg_ids, torch.full_like(seg_ids, n_sent))
-        index = index.unsqueeze(2).expand(-1, -1, s_sim.shape[2], -1)
-        per = torch.full((*s_sim.shape[:3], n_sent + 1), neg, dtype=s_sim.dtype)
+        slot = torch.where(seg_ids >= 0, seg_ids, torch.full_like(seg_ids, n_sent))
+        index = slot.unsqueeze(2).expand(-1, -1, s_sim.shape[2], -1)
+        per = torch.full((*s_sim.shape[:3], n_sent + 1), neg, dtype=s_sim.dtype, device=dev)
         per = per.scatter_reduce(3, index, s_sim, reduce="amax", include_self=True)[..., :n_sent]
-        sentence_mask = torch.zeros((len(batch), n_p, n_sent), dtype=torch.bool)
-        for b in range(len(batch)):
-            for p in range(n_p):
-                present = seg_ids[b, p][seg_ids[b, p] >= 0].unique()
-                sentence_mask[b, p, present] = True
+        # A sentence is present if one scored token falls in it (a scatter: no per-passage host sync on a GPU).
+        sentence_mask = torch.zeros((len(batch), n_p, n_sent + 1), dtype=torch.bool, device=dev)
+        sentence_mask = sentence_mask.scatter(2, slot, True)[..., :n_sent]
         per = per.masked_fill(~sentence_mask.unsqueeze(2), 0.0)  # absent sentences: no −inf into the sum
         sentence = (per * qs_mask.unsqueeze(1).unsqueeze(-1)).sum(dim=2)
         return passage, sentence, sentence_mask
@@ -247,7 +252,7 @@ def in_batch_teacher(t_passage: torch.Tensor) -> torch.Tensor:
 def make_loss(scorer: StudentScorer, criterion: MultiGranularKLLoss, log: Optional[list] = None):
     def loss(batch: Sequence[dict]) -> torch.Tensor:
         passage, sentence, mask = scorer(batch)
-        t_passage, t_sentence = teacher_tensors(batch, sentence.shape[-1])
+        t_passage, t_sentence = (t.to(passage.device) for t in teacher_tensors(batch, sentence.shape[-1]))
         if passage.shape[-1] != t_passage.shape[-1]:
             t_passage = in_batch_teacher(t_passage)
         out = criterion(t_passage, passage, t_sentence, sentence, mask, own_passages=sentence.shape[1])
@@ -290,6 +295,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         help="learning rate × this per layer below the top one (1: one rate for all)")
     parser.add_argument("--in-batch", action="store_true",
                         help="other queries' passages of the batch are extra passage-loss negatives")
+    parser.add_argument("--device", default="cpu",
+                        help="torch device of the student, e.g. cuda (checkpoints and the saved model stay "
+                             "device-free: a run may resume on another device)")
     args = parser.parse_args(argv)
     if args.sentence_weight == 0:
         # The ColBERT baseline has one query encoding; it ranks sentences with [Q] too.
@@ -302,6 +310,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         start_from(encoder, load_encoder(args.init_model))
     elif not (out / "checkpoint.pt").exists():
         init_projection(encoder, [e["passages"][0]["text"] for e in examples[:128]])
+    encoder.to(args.device)  # before the optimizer sees the parameters
     params = trainable_parameters(encoder, args.layers)
     if args.layer_lr_decay != 1.0:
         params = layerwise_groups(encoder, params, args.layer_lr_decay)
@@ -312,7 +321,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     rank_marker = args.rank_marker or args.sentence_marker
 
     def save(path: Path) -> None:
-        final = encoder.with_settings(span_query_marker=rank_marker)
+        final = encoder.to("cpu").with_settings(span_query_marker=rank_marker)
         final.save(path)
         (path / "training.json").write_text(json.dumps(vars(args), indent=2))
 
