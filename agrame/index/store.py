@@ -144,8 +144,10 @@ class _ChunkWriter:
         vectors = np.concatenate([e.vectors.numpy() for e in encoded]) if encoded else np.zeros((0, self.codec.dim))
         codes, residuals = self.codec.compress(vectors)
         if self.check_offsets is not None:
+            import torch
+
             for p, e, again in zip(passages, encoded, self.check_offsets([p.text for p in passages])):
-                if not torch_equal(e.offsets, again):
+                if not torch.equal(e.offsets, again):
                     raise IndexFolderError(f"passage {p.id!r}: its vectors' token offsets differ from what the "
                                            "model's tokenizer gives its text (encoded by another model or text?)")
         doclens = np.array([len(e.offsets) for e in encoded], dtype=np.int32)
@@ -179,10 +181,6 @@ class _ChunkWriter:
         self.next_pid += len(passages)
         self.tokens += int(doclens.sum())
         self.sentences += int(sentcounts.sum())
-
-
-def torch_equal(a, b) -> bool:
-    return a.shape == b.shape and bool((a == b).all())
 
 
 def token_sentences_from_rows(rows: np.ndarray, sent_counts: np.ndarray, doclens: np.ndarray) -> np.ndarray:
