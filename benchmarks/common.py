@@ -57,6 +57,25 @@ def machine() -> dict:
             "python": platform.python_version(), "torch": torch.__version__}
 
 
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """Peak resident memory of a process in MB: its address space's high-water mark (VmHWM).
+
+    Not ``getrusage().ru_maxrss``: Linux carries that across fork and exec, so a child started by
+    a process that had grown large (the scale benchmark's build, then its search) would report the
+    parent's peak as its own.
+    """
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    import resource  # not Linux: the best there is (kB on Linux, bytes on macOS; only Linux runs this)
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
 def add_model_args(parser, alpha_help: str = "α in S'(q,s) + α·S(q,p) (default: the model's)",
                    alpha_default=None) -> None:
     """Options every ranking benchmark shares: sample, models, output file."""

@@ -20,7 +20,6 @@ import argparse
 import json
 import re
 import os
-import resource
 import shutil
 import statistics
 import time
@@ -40,7 +39,7 @@ from agrame.index.store import build_compressed, offsets_stored
 from agrame.ranker import _top, score_corpus
 from agrame import scoring
 
-from .common import command_line, sample, squad_paragraphs, write_result
+from .common import command_line, peak_rss_mb, sample, squad_paragraphs, write_result
 from .data import Pool, load_pool, load_questions, squad_id
 from .encodings import MultiVectorCache, _hash, cache_root, pool_sentences
 from .metrics import summarize
@@ -376,7 +375,7 @@ def cmd_latency(args) -> None:
               "search": index.defaults._asdict(), "pool_passages": len(index),
               "ms_with_query_encoding": {"median": pct(total, 50), "p95": pct(total, 95)},
               "ms_search_only": {"median": pct(search_only, 50), "p95": pct(search_only, 95)},
-              "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+              "peak_rss_mb": peak_rss_mb()}
     out = write_result(_tagged(f"index_search-latency-{args.nbits}b", args), result, None,
                        command_line("benchmarks.index_search", ["latency", *args.argv]))
     print(result, "→", out)
@@ -469,7 +468,7 @@ def cmd_scale(args) -> None:
                 times.append(1000 * (time.perf_counter() - t))
         print(json.dumps({"median_ms": round(statistics.median(times), 1),
                           "p95_ms": round(float(np.percentile(times, 95)), 1),
-                          "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
+                          "peak_rss_mb": peak_rss_mb()}))
         return
     source = SyntheticSource(tokens, seed=args.seed)
     if path.exists() and offsets_stored(read_manifest(path)):
@@ -485,7 +484,7 @@ def cmd_scale(args) -> None:
         # Kept beside the codec so that a later run (e.g. timing the search alone) reports the build.
         (facts / "build.json").write_text(json.dumps({
             "seconds": time.perf_counter() - start,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+            "peak_rss_mb": peak_rss_mb()}))
     built = json.loads((facts / "build.json").read_text())
     manifest = json.loads((path / "manifest.json").read_text())
     store_bytes = Index(path, model=_SyntheticModel()).store.bytes(include_text=False)
@@ -506,7 +505,7 @@ def cmd_scale(args) -> None:
               "bytes_per_token": round(store_bytes / manifest["num_tokens"], 2),
               "search": {"granularity": "sentence", "top_k": 10, "threads": args.threads,
                          "queries": args.queries, **SearchSettings()._asdict(), **timing}}
-    out = write_result(f"index_search-scale-{tokens}-{args.nbits}b", result, None,
+    out = write_result(f"index_search-scale-{tokens}-{args.nbits}b", result, args.out,
                        command_line("benchmarks.index_search", ["scale", *args.argv]))
     print(result, "→", out)
 
@@ -522,7 +521,7 @@ def _synthetic_codec(source: "SyntheticSource", folder: Path, nbits: int):
         arrays = np.load(folder / "codec.npz")
         return ResidualCodec(arrays["centroids"], arrays["cutoffs"], arrays["weights"], nbits), info
     codec, _, info = train_codec_from(source, nbits)
-    info["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    info["peak_rss_mb"] = peak_rss_mb()
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -579,6 +578,7 @@ def main(argv=None) -> None:
     sc.add_argument("--nbits", type=int, default=2)
     sc.add_argument("--threads", type=int, default=2)
     sc.add_argument("--queries", type=int, default=100)
+    sc.add_argument("--out", default=None, help="result file (default: benchmarks/results/…)")
     sc.add_argument("--search-only", action="store_true", help=argparse.SUPPRESS)
     for p in (b, r, c, la, sc):
         p.add_argument("--model", default=None, help="multi-vector model (default: the package default)")

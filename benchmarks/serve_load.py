@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import List
 
-from .common import command_line, data_dir, sample, write_result
+from .common import command_line, data_dir, peak_rss_mb, sample, write_result
 from .data import load_pool, load_questions
 
 
@@ -36,14 +36,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _peak_rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    return float("nan")
 
 
 def _client(port: int, queries: List[str], n: int, offset: int, out: list, deadline: float) -> None:
@@ -163,7 +155,7 @@ def main(argv=None) -> None:
             generations = sorted({r["generation"] for r in records if r.get("status") == 200})
             during.update(mixed=mixed, generations_seen=generations, add_exit_code=adder_rc,
                           responses_after_add=sum(1 for r in records if r.get("generation", 0) > generations[0]))
-            peak = _peak_rss_mb(server.pid)
+            peak = peak_rss_mb(server.pid)
         finally:
             server.terminate()
             server.wait(timeout=30)

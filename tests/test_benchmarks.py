@@ -129,3 +129,16 @@ def test_tag_and_span_query_marker_reach_every_ranking_benchmark(tmp_path, tiny_
         result = json.loads((tmp_path / name).read_text())
         assert result["tag"] == "A2" and result["span_query_marker"] == "Q"
         assert len(result["fingerprint"]) == 12
+
+
+def test_index_scale_smoke(tmp_path):
+    # Synthetic tokens need neither data nor a model; the search runs in its own process.
+    from benchmarks import index_search
+
+    out = tmp_path / "scale.json"
+    index_search.main(["scale", "--tokens", "3e4", "--queries", "3", "--threads", "1", "--out", str(out)])
+    r = json.loads(out.read_text())
+    assert r["tokens"] >= 30000 and r["passages"] == len(index_search.SyntheticSource(30000).lengths)
+    assert r["bytes_per_token"] > 32  # 2-bit residuals of 128 dims, plus codes (centroids weigh much at this size)
+    assert r["search"]["queries"] == 3 and r["search"]["median_ms"] > 0
+    assert 0 < r["search"]["peak_rss_mb"] < 2000

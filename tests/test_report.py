@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from benchmarks.report import render_default_choice, render_trained
 
 
@@ -69,3 +73,21 @@ def test_default_choice_section_compares_with_zero_shot():
     assert "| `squad-a1` − zero-shot | -1.0 | +0.0 | +0.5 | +0.0 |" in text
     assert "| `squad-a1` − zero-shot | -1.0 / +1.5 | – |" in text
     assert render_default_choice({"open_domain": [full("shipped", "squad-dev", 1.0, 1.0)]}) is None
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is Linux's")
+def test_peak_memory_of_a_child_is_its_own():
+    # getrusage's ru_maxrss survives fork and exec on Linux: the scale benchmark's search process
+    # reported its parent's build peak as its own until this was read from VmHWM.
+    import subprocess
+    import sys
+
+    from benchmarks.common import peak_rss_mb
+
+    ballast = bytearray(200 * 2**20)
+    ballast[::4096] = b"\x01" * len(ballast[::4096])
+    parent = peak_rss_mb()
+    child = float(subprocess.run([sys.executable, "-c", "from benchmarks.common import peak_rss_mb; print(peak_rss_mb())"],
+                                 capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent).stdout)
+    assert parent > 200
+    assert child < parent - 150
