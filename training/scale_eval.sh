@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 13's full protocol for the models training/scale.sh makes, beside zero-shot MiniLM (whose
+# rows of the same protocol are already in benchmarks/README.md, tag zeroshot-full / run_all.sh):
+#   big-agrame   the exported default candidate (WiSE-FT mix of the multi-granular student), as shipped
+#   big-colbert  the passage-loss-only baseline, mixed the same way
+# Open domain: squad-dev 2,000 questions (seed 0), nq-oracle all 2,655, EntityQuestions 1,000 (seed 0),
+# BM25 top 100 re-ranked; SciFact dev and the atomic facts whole; citation (ExpertQA rand_val /
+# domain_val, WiCE dev) for the candidate only. Each model encodes the 33.6k-passage pool once
+# (cached under $AGRAME_CACHE): ~2 h per model on 2 CPU cores. Resumable at the granularity of a
+# benchmark: a finished one is skipped when its result file exists (delete those of a model trained again).
+#   bash training/scale_eval.sh
+#   RUN=echo bash training/scale_eval.sh     # print the commands only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+R=${AGRAME_RUNS:-runs}/big
+RUN=${RUN:-}
+res=benchmarks/results
+
+bench() {  # bench TAG MODEL
+  local tag=$1 model=$2
+  [ -n "$RUN" ] || [ -e "$model" ] || { echo "scale_eval: $model not found (run training/scale.sh first)" >&2; exit 2; }
+  for spec in "squad-dev --limit 2000 --seed 0" "nq-oracle" "entityquestions --limit 1000 --seed 0"; do
+    set -- $spec
+    [ -s "$res/open_domain-$1-colbert-zeroshot-psg-$tag.json" ] ||
+      $RUN python -m benchmarks.open_domain --dataset $spec --method colbert-zeroshot-psg --model "$model" --tag "$tag"
+  done
+  [ -s "$res/cross_domain-scifact-dev-colbert-zeroshot-psg-$tag.json" ] ||
+    $RUN python -m benchmarks.cross_domain --dataset scifact --method colbert-zeroshot-psg --model "$model" --tag "$tag"
+  [ -s "$res/atomic_facts-colbert-zeroshot-psg-$tag.json" ] ||
+    $RUN python -m benchmarks.atomic_facts --method colbert-zeroshot-psg --model "$model" --tag "$tag"
+}
+bench big-agrame "$R/export/default"
+bench big-colbert "$R/colbert-wise"
+# rand_val first: it chooses the margin and λ that the other two splits use.
+$RUN python -m benchmarks.citation --dataset expertqa --split rand_val --model "$R/export/default"
+$RUN python -m benchmarks.citation --dataset expertqa --split domain_val --model "$R/export/default"
+$RUN python -m benchmarks.citation --dataset wice --model "$R/export/default"
+$RUN python -m benchmarks.report
