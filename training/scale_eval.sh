@@ -8,7 +8,7 @@
 # domain_val, WiCE dev) for the candidate only. Each model encodes the 33.6k-passage pool once
 # (cached under $AGRAME_CACHE): ~2 h per model on 2 CPU cores. Resumable at the granularity of a
 # benchmark: a finished one is skipped when its result file exists (delete those of a model trained again).
-#   bash training/scale_eval.sh
+#   bash training/scale_eval.sh              # both; `… agrame` as soon as the candidate is exported
 #   RUN=echo bash training/scale_eval.sh     # print the commands only
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,10 +29,16 @@ bench() {  # bench TAG MODEL
   [ -s "$res/atomic_facts-colbert-zeroshot-psg-$tag.json" ] ||
     $RUN python -m benchmarks.atomic_facts --method colbert-zeroshot-psg --model "$model" --tag "$tag"
 }
-bench big-agrame "$R/export/default"
-bench big-colbert "$R/colbert-wise"
-# rand_val first: it chooses the margin and λ that the other two splits use.
-$RUN python -m benchmarks.citation --dataset expertqa --split rand_val --model "$R/export/default"
-$RUN python -m benchmarks.citation --dataset expertqa --split domain_val --model "$R/export/default"
-$RUN python -m benchmarks.citation --dataset wice --model "$R/export/default"
+for what in ${*:-agrame colbert}; do
+  case $what in
+    agrame)
+      bench big-agrame "$R/export/default"
+      # rand_val first: it chooses the margin and λ that the other two splits use.
+      $RUN python -m benchmarks.citation --dataset expertqa --split rand_val --model "$R/export/default"
+      $RUN python -m benchmarks.citation --dataset expertqa --split domain_val --model "$R/export/default"
+      $RUN python -m benchmarks.citation --dataset wice --model "$R/export/default" ;;
+    colbert) bench big-colbert "$R/colbert-wise" ;;
+    *) echo "scale_eval: unknown model '$what' (agrame, colbert)" >&2; exit 2 ;;
+  esac
+done
 $RUN python -m benchmarks.report
