@@ -71,6 +71,8 @@ def peak_rss_mb(pid: int | str = "self") -> float:
                     return round(int(line.split()[1]) / 1024, 1)
     except OSError:
         pass
+    if pid != "self":
+        return float("nan")  # another process's peak is only known through /proc
     import resource  # not Linux: the best there is (kB on Linux, bytes on macOS; only Linux runs this)
 
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)

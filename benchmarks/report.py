@@ -594,10 +594,11 @@ def render_index_search(results: List[dict], open_domain: List[dict] | None = No
             out.append(f"| {r['tokens']:,} | {r['passages']:,} | {r['num_centroids']:,} | {r['build_seconds']} | "
                        f"{r['build_peak_rss_mb']} | {r['disk_gb_text_excluded']} | {r['bytes_per_token']} | "
                        f"{s['median_ms']} | {s['p95_ms']} | {s['peak_rss_mb']} |")
-        out += ["", "Build: 2 CPU cores, k-means included (it is kept on disk, so a cut-off build restarts after "
-                "it); peak RSS of the build process. Search: a fresh process, 2 threads, 100 queries of 32 noisy "
-                "tokens of a random passage after 5 warm-up ones; its peak RSS (VmHWM) counts the index pages it "
-                "mapped.", "", _commands(scale), ""]
+        s = scale[-1]["search"]
+        out += ["", "Build: k-means included (it is kept on disk, so a cut-off build restarts after it); peak RSS "
+                f"of the build process. Search: a fresh process, {s['threads']} threads, {s['queries']} queries of "
+                "noisy tokens of a random passage after warm-up ones; its peak RSS (VmHWM) counts the index pages "
+                "it mapped.", "", _commands(scale), ""]
     chosen = [r for r in results if str(r.get("what", "")).startswith("choose")]
     for r in chosen:
         c = r["codec_only"]
