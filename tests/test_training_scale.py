@@ -193,3 +193,56 @@ def test_student_runs_on_the_encoders_device(make_tiny_encoder):
         assert scorer.device.type == "meta"
         value = make_loss(scorer, MultiGranularKLLoss())(batch)
         assert value.device.type == "meta" and value.shape == ()
+
+
+def test_held_out_rows_resume_after_an_interruption(tmp_path):
+    from training.choose_mix import fingerprint, measure_rows
+
+    calls = []
+
+    def row(name, fail=False):
+        def run():
+            calls.append(name)
+            if fail:
+                raise KeyboardInterrupt  # the session ends while this row is measured
+            return {"x": {"passage_p1": float(len(name))}}
+        return run
+
+    partial, sig = tmp_path / "mix.json.partial", {"tuned": "a"}
+    with pytest.raises(KeyboardInterrupt):
+        measure_rows({"mix=0": row("mix=0"), "mix=1": row("mix=1", fail=True)}, partial, sig)
+    assert calls == ["mix=0", "mix=1"] and partial.is_file()
+    rows = measure_rows({"mix=0": row("mix=0"), "mix=1": row("mix=1"), "zero-shot": row("zero-shot")}, partial, sig)
+    assert calls == ["mix=0", "mix=1", "mix=1", "zero-shot"]  # mix=0 was kept, not measured again
+    assert list(rows) == ["mix=0", "mix=1", "zero-shot"] and rows["mix=0"] == {"x": {"passage_p1": 5.0}}
+    calls.clear()  # another model (its signature): nothing kept
+    measure_rows({"mix=0": row("mix=0")}, partial, {"tuned": "b"})
+    assert calls == ["mix=0"]
+
+    model = tmp_path / "final"
+    model.mkdir()
+    (model / "weights.safetensors").write_bytes(b"1")
+    before = fingerprint(str(model))
+    (model / "weights.safetensors").write_bytes(b"22")  # trained again
+    assert fingerprint(str(model)) != before and fingerprint("zero-shot") == "zero-shot"
+
+
+def test_choose_mix_writes_its_choice_and_drops_the_partial(tmp_path, tiny_model_dir, capsys):
+    from training.choose_mix import main
+    from training.data import write_jsonl
+
+    r = record("bleach reefs warm water", [0, 1, 2])
+    r["passages"][0]["answer_sentences"] = [0]
+    held = tmp_path / "held.jsonl"
+    write_jsonl([r, r, r], held)
+    out = tmp_path / "mix.json"
+    main(["--start", str(tiny_model_dir), "--tuned", str(tiny_model_dir), "--mix", "0", "1",
+          "--held", f"a={held}:1:2", "--reference", str(tiny_model_dir), "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["held_out"] == {"a": 2} and list(result["rows"]) == ["mix=0", "mix=1", str(tiny_model_dir)]
+    assert result["best"]["model"] in ("mix=0", "mix=1")
+    assert result["rows"]["mix=1"] == result["rows"][str(tiny_model_dir)]  # λ = 1 is the tuned model itself
+    assert not (tmp_path / "mix.json.partial").exists()
+    with pytest.raises(SystemExit) as exit_:
+        main(["--start", "x", "--tuned", "y", "--held", f"a={tmp_path}/missing.jsonl", "--out", str(out)])
+    assert exit_.value.code == 2 and "--held" in capsys.readouterr().err

@@ -12,14 +12,18 @@ questions the student never saw (``FILE:skip:limit``) and SciFact *train* claims
 split. λ (with its best α) maximises the mean sentence P@1 over the sets; ``--reference``
 models (zero-shot MiniLM) are measured alike, so "never worse than zero-shot" is checked on
 the same questions.
+
+Each measured row is kept in ``OUT.partial`` as it finishes, so a run cut off (a CPU session's end)
+goes on from the next row; the rows are reused only for the same models and held-out sets.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
 
@@ -88,6 +92,40 @@ def best_setting(rows: Dict[str, Dict[str, dict]]) -> dict:
     return best[1]
 
 
+def fingerprint(spec: str) -> str:
+    """A model folder's files (name, size, mtime): a model trained again invalidates kept rows."""
+    folder = Path(spec)
+    if not folder.is_dir():
+        return spec
+    return ";".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}"
+                    for f in sorted(folder.iterdir()) if f.is_file())
+
+
+def _write_json(path: Path, value: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(value, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def measure_rows(measure: Dict[str, Callable[[], Dict[str, dict]]], partial: Path, signature: dict) -> Dict[str, Dict[str, dict]]:
+    """Each named row (in order), reusing those ``partial`` holds for the same ``signature``."""
+    kept: Dict[str, Dict[str, dict]] = {}
+    if partial.is_file():
+        saved = json.loads(partial.read_text())
+        if saved.get("signature") == signature:
+            kept = saved["rows"]
+    rows: Dict[str, Dict[str, dict]] = {}
+    for name, run in measure.items():
+        if name in kept:
+            rows[name] = kept[name]
+            print(name, "(kept from", partial, ")", flush=True)
+            continue
+        rows[name] = run()
+        print(name, json.dumps(rows[name]), flush=True)
+        _write_json(partial, {"signature": signature, "rows": {**kept, **rows}})
+    return rows
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     from .interpolate import interpolate, projection_agreement
 
@@ -106,20 +144,31 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     start, tuned = load_model(args.start), load_model(args.tuned)
     if projection_agreement(start, tuned) < 0.5:
         raise SystemExit("error: --tuned was not trained from --start's projection (training.interpolate)")
-    rows: Dict[str, Dict[str, dict]] = {}
-    for mix in args.mix:
-        model = interpolate(start, tuned, mix)
-        rows[f"mix={mix:g}"] = {name: evaluate(model, records) for name, records in held}
-        print(f"mix={mix:g}", json.dumps(rows[f"mix={mix:g}"]), flush=True)
-    mixes = dict(rows)
-    for ref in args.reference:
-        rows[ref] = {name: evaluate(load_model(ref), records) for name, records in held}
-        print(ref, json.dumps(rows[ref]), flush=True)
+
+    def on_held(make: Callable[[], Encoder]) -> Callable[[], Dict[str, dict]]:
+        def run() -> Dict[str, dict]:
+            model = make()
+            return {name: evaluate(model, records) for name, records in held}
+        return run
+
+    def mixed(mix: float) -> Callable[[], Dict[str, dict]]:
+        return on_held(lambda: interpolate(start, tuned, mix))
+
+    def reference(ref: str) -> Callable[[], Dict[str, dict]]:
+        return on_held(lambda: load_model(ref))
+
+    mix_names = [f"mix={mix:g}" for mix in args.mix]
+    measure = {**{n: mixed(m) for n, m in zip(mix_names, args.mix)}, **{ref: reference(ref) for ref in args.reference}}
+    signature = {"start": fingerprint(args.start), "tuned": fingerprint(args.tuned), "held": args.held}
+    partial = args.out.with_name(args.out.name + ".partial")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    rows = measure_rows(measure, partial, signature)
+    mixes = {n: rows[n] for n in mix_names}
     result = {"start": args.start, "tuned": args.tuned, "held_out": {n: len(r) for n, r in held},
               "held_out_files": args.held, "rows": rows, "best": best_setting(mixes),
               "command": "python -m training.choose_mix " + " ".join(argv if argv is not None else __import__("sys").argv[1:])}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    _write_json(args.out, result)
+    partial.unlink()
     print(json.dumps(result["best"]))
 
 
