@@ -371,6 +371,13 @@ def _trained_cell(grouped: Dict[str, List[dict]], benchmark: str, dataset: str, 
     return found[-1] if found else None
 
 
+def _gap(a, b, target: float) -> str:
+    """a − b against a target margin (met when a − b ≥ target)."""
+    if a is None or b is None:
+        return "–"
+    return f"{_diff(a - b)} ({'met' if round(a - b, 2) >= target else 'missed'})"
+
+
 def render_trained(grouped: Dict[str, List[dict]]) -> str | None:
     cells = {(row, col): _trained_cell(grouped, b, d, method, tag)
              for row, (method, tag, _) in enumerate(TRAINED_ROWS) for col, (b, d, *_) in enumerate(TRAINED_DATASETS)}
@@ -402,17 +409,12 @@ def render_trained(grouped: Dict[str, List[dict]]) -> str | None:
         r = cells[(index[key], col)]
         return None if r is None else r["metrics"].get(name)
 
-    def gap(a, b, target: float) -> str:
-        if a is None or b is None:
-            return "–"
-        return f"{a - b:+.1f} ({'met' if a - b >= target else 'missed'})"
-
     for col, (_, dataset, *_) in enumerate(TRAINED_DATASETS[:2]):
         a1 = metric("agrame-A1", col, "sent_p1")
         encoded = [v for v in (metric(m, col, "sent_p1") for m in SENTENCE_ENCODED) if v is not None]
-        out.append(f"| {dataset} | {gap(a1, metric('zeroshot', col, 'sent_p1'), 8)} "
-                   f"| {gap(a1, max(encoded) if encoded else None, 3)} "
-                   f"| {gap(metric('agrame-A1', col, 'psg_p1'), metric('colbert', col, 'psg_p1'), -1)} |")
+        out.append(f"| {dataset} | {_gap(a1, metric('zeroshot', col, 'sent_p1'), 8)} "
+                   f"| {_gap(a1, max(encoded) if encoded else None, 3)} "
+                   f"| {_gap(metric('agrame-A1', col, 'psg_p1'), metric('colbert', col, 'psg_p1'), -1)} |")
     used = [r for r in cells.values() if r is not None and r.get("tag")]
     out += ["", _commands(used)]
     return "\n".join(out)
@@ -502,6 +504,76 @@ def render_default_choice(grouped: Dict[str, List[dict]]) -> str | None:
     out += ["", "Model `default:agrame-minilm` in the runs below is `squad-a1` (then the default; today the same "
             "command needs `--model squad-a1`). The `zero-shot-128` rows ran on its float32 projection before the "
             "float16 export that ships (fingerprint 2923433bd231 vs 54701f1ae834).", "", _provenance(used)]
+    return "\n".join(out)
+
+
+# Issue 13's scaled recipe (training/scale.sh, measured by training/scale_eval.sh): tag, row name.
+SCALED_ROWS = (("zero-shot", "zero-shot MiniLM (the default today)"),
+               ("big-colbert", "passage loss only, scaled (WiSE-FT mixed)"),
+               ("big-agrame", "**AGRaME, scaled** (WiSE-FT mixed; the candidate default)"))
+SCALED_DATASETS = (  # (benchmark, dataset, unit, sub-unit, title)
+    ("open_domain", "squad-dev", "psg_p1", "sent_p1", "squad-dev (2,000)"),
+    ("open_domain", "nq-oracle", "psg_p1", "sent_p1", "nq-oracle (all)"),
+    ("open_domain", "entityquestions", "psg_p1", "sent_p1", "EntityQuestions (1,000)"),
+    ("cross_domain", "scifact-dev", "psg_p1", "sent_p1", "SciFact dev"),
+    ("atomic_facts", "propsegment-dev-wiki", "sent_p1", "prop_p1", "atomic facts (sentence / proposition)"),
+)
+# Out of domain, each no more than 1 point below zero-shot: (dataset column, metric, name)
+SCALED_OOD = ((3, "sent_p1", "SciFact sentence P@1"), (4, "prop_p1", "atomic-facts proposition P@1"),
+              (2, "psg_p1", "EntityQuestions passage P@1"), (2, "sent_p1", "EntityQuestions sentence P@1"),
+              (1, "psg_p1", "nq-oracle passage P@1"))
+
+
+def _is_zero_shot(r: dict) -> bool:
+    return "all-MiniLM-L6-v2" in str(r.get("model", "")) and r.get("tag") in (None, "zeroshot", "zeroshot-full")
+
+
+def _scaled_cell(grouped: Dict[str, List[dict]], benchmark: str, dataset: str, tag: str) -> dict | None:
+    """One model's full-protocol result (open-domain sets: BM25 top 100 re-ranked, passage-level encoding)."""
+    found = [r for r in grouped.get(benchmark, []) if r["dataset"] == dataset and r["method"] == "colbert-zeroshot-psg"
+             and (benchmark != "open_domain" or r.get("first_stage") == "bm25 top-100")
+             and (_is_zero_shot(r) if tag == "zero-shot" else r.get("tag") == tag)]
+    found.sort(key=lambda r: (r.get("tag") is not None, str(r.get("date", ""))))  # a tagged run, then the latest
+    return found[-1] if found else None
+
+
+def render_scaled(grouped: Dict[str, List[dict]]) -> str | None:
+    """Issue 13's targets for the scaled candidate, measured side by side on the full protocol."""
+    cells = {(tag, col): _scaled_cell(grouped, b, d, tag) for tag, _ in SCALED_ROWS
+             for col, (b, d, *_) in enumerate(SCALED_DATASETS)}
+    if not any(cells[(tag, col)] for tag in ("big-agrame", "big-colbert") for col in range(len(SCALED_DATASETS))):
+        return None
+    out = ["## The scaled recipe against its targets (issue 13)", "",
+           "`training/scale.sh` trains both models (SQuAD train with mined and BM25 negatives plus SciFact train, "
+           "WiSE-FT mixed with zero-shot on held-out train data); `training/scale_eval.sh` measures them. Full "
+           "protocol: open-domain sets re-rank BM25's top 100; SciFact dev and the atomic facts whole. Passage P@1 / "
+           "sentence P@1 in % (sentence / proposition P@1 for the atomic facts):", "",
+           "| model | " + " | ".join(title for *_, title in SCALED_DATASETS) + " |",
+           "|---|" + "---:|" * len(SCALED_DATASETS)]
+    for tag, name in SCALED_ROWS:
+        values = ["–" if cells[(tag, col)] is None else
+                  f"{_fmt(cells[(tag, col)]['metrics'].get(unit))} / {_fmt(cells[(tag, col)]['metrics'].get(sub))}"
+                  for col, (_, _, unit, sub, _) in enumerate(SCALED_DATASETS)]
+        out.append(f"| {name} | " + " | ".join(values) + " |")
+
+    def value(tag: str, col: int, key: str):
+        r, z = cells[(tag, col)], cells[("zero-shot", col)]
+        if r is None or (z is not None and r.get("sample", {}).get("questions") != z.get("sample", {}).get("questions")):
+            return None  # not measured, or not on the same questions as zero-shot's row
+        return r["metrics"].get(key)
+
+    out += ["", "Targets (AGRaME minus the other model, in points):", "",
+            "| target | squad-dev | nq-oracle |", "|---|---:|---:|"]
+    for name, key, other, target in (("sentence P@1 − zero-shot (≥ +5)", "sent_p1", "zero-shot", 5),
+                                     ("sentence P@1 − passage loss only (≥ +3)", "sent_p1", "big-colbert", 3),
+                                     ("passage P@1 − passage loss only (≥ −1)", "psg_p1", "big-colbert", -1)):
+        out.append(f"| {name} | " + " | ".join(_gap(value("big-agrame", col, key), value(other, col, key), target)
+                                               for col in (0, 1)) + " |")
+    out += ["", "| out of domain: AGRaME − zero-shot (each ≥ −1) | points |", "|---|---:|"]
+    for col, key, name in SCALED_OOD:
+        out.append(f"| {name} | {_gap(value('big-agrame', col, key), value('zero-shot', col, key), -1)} |")
+    used = [r for r in cells.values() if r is not None]
+    out += ["", _provenance(used)]
     return "\n".join(out)
 
 
@@ -707,7 +779,7 @@ def build(results_dir: Path = RESULTS, chart: Path | None = None) -> str:
     sections = [HEADER]
     if chart is not None and sentence_chart(grouped, chart):
         sections.append(f"![sentence-level P@1 per method and dataset]({chart.name})")
-    for render_special in (render_default_choice, render_trained):
+    for render_special in (render_default_choice, render_scaled, render_trained):
         text = render_special(grouped)
         if text:
             sections.append(text)

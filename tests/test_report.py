@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.report import render_default_choice, render_trained
+from benchmarks.report import render_default_choice, render_scaled, render_trained
 
 
 def _open(method: str, tag, psg: float, sent: float, first_stage: str = "bm25 top-20") -> dict:
@@ -73,6 +73,35 @@ def test_default_choice_section_compares_with_zero_shot():
     assert "| `squad-a1` − zero-shot | -1.0 | +0.0 | +0.5 | +0.0 |" in text
     assert "| `squad-a1` − zero-shot | -1.0 / +1.5 | – |" in text
     assert render_default_choice({"open_domain": [full("shipped", "squad-dev", 1.0, 1.0)]}) is None
+
+
+def test_scaled_section_checks_issue_13s_targets():
+    def run(benchmark, dataset, tag, unit, sub, questions=100, model="m", first_stage="bm25 top-100"):
+        keys = ("sent_p1", "prop_p1") if benchmark == "atomic_facts" else ("psg_p1", "sent_p1")
+        return {"benchmark": benchmark, "dataset": dataset, "method": "colbert-zeroshot-psg", "tag": tag,
+                "first_stage": first_stage, "model": model, "sample": {"questions": questions},
+                "machine": {"cpus": 2, "torch_threads": 2}, "metrics": dict(zip(keys, (unit, sub))),
+                "command": f"python -m benchmarks.{benchmark}", "date": "2026-11-24"}
+
+    zs = "zero-shot:all-MiniLM-L6-v2"
+    grouped = {"open_domain": [run("open_domain", "squad-dev", "zeroshot-full", 77.8, 66.2, model=zs),
+                               run("open_domain", "squad-dev", "zeroshot", 1.0, 1.0, model=zs, first_stage="bm25 top-20"),
+                               run("open_domain", "nq-oracle", None, 66.5, 42.8, model="default:all-MiniLM-L6-v2"),
+                               run("open_domain", "squad-dev", "big-agrame", 78.0, 72.0),
+                               run("open_domain", "squad-dev", "big-colbert", 79.5, 68.0),
+                               run("open_domain", "nq-oracle", "big-agrame", 64.0, 49.0, questions=50)],
+               "atomic_facts": [run("atomic_facts", "propsegment-dev-wiki", "zeroshot", 50.7, 43.8, model=zs),
+                                run("atomic_facts", "propsegment-dev-wiki", "big-agrame", 50.0, 42.9)]}
+    text = render_scaled(grouped)
+    assert "| zero-shot MiniLM (the default today) | 77.8 / 66.2 | 66.5 / 42.8 | – | – | 50.7 / 43.8 |" in text
+    assert "| **AGRaME, scaled** (WiSE-FT mixed; the candidate default) | 78.0 / 72.0 | 64.0 / 49.0 |" in text
+    # nq-oracle's candidate ran on 50 questions, zero-shot on 100: no difference is drawn
+    assert "| sentence P@1 − zero-shot (≥ +5) | +5.8 (met) | – |" in text
+    assert "| sentence P@1 − passage loss only (≥ +3) | +4.0 (met) | – |" in text
+    assert "| passage P@1 − passage loss only (≥ −1) | -1.5 (missed) | – |" in text
+    assert "| atomic-facts proposition P@1 | -0.9 (met) |" in text
+    assert "| SciFact sentence P@1 | – |" in text
+    assert render_scaled({"open_domain": grouped["open_domain"][:3]}) is None  # no scaled model measured yet
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is Linux's")
