@@ -378,6 +378,14 @@ def _gap(a, b, target: float) -> str:
     return f"{_diff(a - b)} ({'met' if round(a - b, 2) >= target else 'missed'})"
 
 
+def _suite_head(datasets) -> List[str]:
+    return ["| model | " + " | ".join(title for *_, title in datasets) + " |", "|---|" + "---:|" * len(datasets)]
+
+
+def _unit_pair(r: dict | None, unit: str, sub_unit: str) -> str:
+    return "–" if r is None else f"{_fmt(r['metrics'].get(unit))} / {_fmt(r['metrics'].get(sub_unit))}"
+
+
 def render_trained(grouped: Dict[str, List[dict]]) -> str | None:
     cells = {(row, col): _trained_cell(grouped, b, d, method, tag)
              for row, (method, tag, _) in enumerate(TRAINED_ROWS) for col, (b, d, *_) in enumerate(TRAINED_DATASETS)}
@@ -390,14 +398,10 @@ def render_trained(grouped: Dict[str, List[dict]]) -> str | None:
            "(the recipe of `training/reproduce.sh`: gold labels of 3,500 SQuAD train questions, all six "
            "MiniLM layers + 128-d projection, 120 steps × 8 questions on 2 CPU cores; α per model chosen "
            "on held-out SQuAD train questions; the 480-step row differs only in its step count). "
-           "A2 uses A1's weights and α.", "",
-           "| model | " + " | ".join(title for *_, title in TRAINED_DATASETS) + " |",
-           "|---|" + "---:|" * len(TRAINED_DATASETS)]
+           "A2 uses A1's weights and α.", "", *_suite_head(TRAINED_DATASETS)]
     for row, (_, _, name) in enumerate(TRAINED_ROWS):
-        values = []
-        for col, (_, _, unit, sub_unit, _) in enumerate(TRAINED_DATASETS):
-            r = cells[(row, col)]
-            values.append("–" if r is None else f"{_fmt(r['metrics'].get(unit))} / {_fmt(r['metrics'].get(sub_unit))}")
+        values = [_unit_pair(cells[(row, col)], unit, sub_unit)
+                  for col, (_, _, unit, sub_unit, _) in enumerate(TRAINED_DATASETS)]
         if any(v != "–" for v in values):
             out.append(f"| {name} | " + " | ".join(values) + " |")
     out += ["", "Targets of the issue (shipped A1, sentence P@1 with passage-level encoding):", "",
@@ -471,8 +475,7 @@ def render_default_choice(grouped: Dict[str, List[dict]]) -> str | None:
             for m in ("colbert-zeroshot-psg",)}
     out += ["", "The rest of the suite (open-domain sets on the quick protocol: 500 questions, BM25 top 20; "
             "SciFact dev and the atomic facts whole), unit / sub-unit P@1 minus zero-shot's, in points:", "",
-            "| model | " + " | ".join(title for *_, title in TRAINED_DATASETS) + " |",
-            "|---|" + "---:|" * len(TRAINED_DATASETS)]
+            *_suite_head(TRAINED_DATASETS)]
     for tag, name in DEFAULT_SUITE:
         values = []
         for col, (b, d, unit, sub, _) in enumerate(TRAINED_DATASETS):
@@ -547,13 +550,9 @@ def render_scaled(grouped: Dict[str, List[dict]]) -> str | None:
            "`training/scale.sh` trains both models (SQuAD train with mined and BM25 negatives plus SciFact train, "
            "WiSE-FT mixed with zero-shot on held-out train data); `training/scale_eval.sh` measures them. Full "
            "protocol: open-domain sets re-rank BM25's top 100; SciFact dev and the atomic facts whole. Passage P@1 / "
-           "sentence P@1 in % (sentence / proposition P@1 for the atomic facts):", "",
-           "| model | " + " | ".join(title for *_, title in SCALED_DATASETS) + " |",
-           "|---|" + "---:|" * len(SCALED_DATASETS)]
+           "sentence P@1 in % (sentence / proposition P@1 for the atomic facts):", "", *_suite_head(SCALED_DATASETS)]
     for tag, name in SCALED_ROWS:
-        values = ["–" if cells[(tag, col)] is None else
-                  f"{_fmt(cells[(tag, col)]['metrics'].get(unit))} / {_fmt(cells[(tag, col)]['metrics'].get(sub))}"
-                  for col, (_, _, unit, sub, _) in enumerate(SCALED_DATASETS)]
+        values = [_unit_pair(cells[(tag, col)], unit, sub) for col, (_, _, unit, sub, _) in enumerate(SCALED_DATASETS)]
         out.append(f"| {name} | " + " | ".join(values) + " |")
 
     def value(tag: str, col: int, key: str):
