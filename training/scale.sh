@@ -3,6 +3,7 @@
 # continues after an interruption (on this CPU, across sessions).
 #   bash training/scale.sh                   # 1,000 steps of ~14 s on 2 CPU cores (~4 h; README, Scaling up)
 #   STEPS=300 bash training/scale.sh         # a shorter run (the data are mined for STEPS × 8 questions)
+#   ONLY=agrame bash training/scale.sh       # the candidate only: student, mix, export (then scale_eval.sh agrame)
 # DEVICE=cuda puts the students on a GPU (training.student --device; untried: no device has been
 # lent to this project yet; checkpoints are device-free, so a run may move between CPU and GPU).
 # Stages:
@@ -51,6 +52,9 @@ mix() {  # mix MODEL: WiSE-FT λ and then α, chosen on held-out train data
 if [ ! -e "$R/export/default/delta.json" ]; then
   mix agrame
   python -m training.export --model "$R/agrame-wise" --out "$R/export/default"
+fi
+if [ "${ONLY:-}" = agrame ]; then  # ONLY=agrame: stop at the candidate (measure it before the baseline trains)
+  exit 0
 fi
 [ -e "$R/colbert/final/agrame.json" ] || python -m training.student "${recipe[@]}" --out "$R/colbert" --sentence-weight 0
 mix colbert  # cheap (minutes); repeated on a rerun like the stages before it
