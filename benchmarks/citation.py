@@ -43,7 +43,7 @@ from agrame.lexical import LexicalCollection
 from propcite.citer import Citer
 
 from .bm25 import tokenize
-from .common import RESULTS, command_line, data_dir, sample, write_result
+from .common import RESULTS, command_line, data_dir, sample, tagged, write_result
 from .encodings import SingleVectorEncoder
 from .metrics import citation_scores
 
@@ -288,10 +288,14 @@ def choose(rows: Sequence[dict]) -> Choice:
     return Choice(plain["margin"], lexical["lexical_weight"], lexical["margin"])
 
 
-def chosen_settings(path: Path = RESULTS / "citation-expertqa-rand_val.json") -> Choice:
+def chosen_settings(tag: Optional[str] = None, results: Optional[Path] = None) -> Choice:
+    """The margins and λ chosen on ExpertQA rand_val by the run with the same tag (the same model)."""
+    path = (results or RESULTS) / f"{tagged('citation-expertqa-rand_val', tag)}.json"
     if not path.exists():
+        again = f" --tag {tag}" if tag else ""
         raise SystemExit(f"{path} is missing: run `python -m benchmarks.citation --dataset expertqa "
-                         "--split rand_val` first (the margin and lexical weight are chosen there)")
+                         f"--split rand_val{again}` with the same model first (the margin and lexical weight "
+                         "are chosen there)")
     return Choice(**json.loads(path.read_text())["chosen"])
 
 
@@ -332,6 +336,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--model", default=None, help="multi-vector model folder (default: built-in)")
     parser.add_argument("--baseline-model", default=None, help="single-vector baseline folder (default: MiniLM)")
     parser.add_argument("--no-single-vector", action="store_true", help="skip the single-vector baseline")
+    parser.add_argument("--tag", default=None,
+                        help="suffix of the result file, so a second model's run keeps the first's (rand_val's "
+                             "choice is read from the file with the same tag)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
@@ -367,8 +374,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         choice = choose(grid)
         source = "chosen here (ExpertQA rand_val, complete+missing F1; see margin_sweep)"
     else:
-        choice = chosen_settings()
-        source = "chosen on ExpertQA rand_val (benchmarks/results/citation-expertqa-rand_val.json)"
+        choice = chosen_settings(args.tag)
+        source = f"chosen on ExpertQA rand_val (benchmarks/results/{tagged('citation-expertqa-rand_val', args.tag)}.json)"
     result = score(claims, preds, records, choice, groups)
     result["margin_sweep"] = grid
     out = {"benchmark": "citation", "dataset": dataset, **model,
@@ -376,8 +383,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
            "sample": {"tasks": len(tasks), "claims": len(claims), "limit": args.limit, "seed": args.seed,
                       "labels": {lab: sum(c.label == lab for c in claims) for lab in sorted({c.label for c in claims})},
                       "candidates_per_task": round(statistics.mean(len(t.passages) for t in tasks), 2)},
-           "chosen": vars(choice), "chosen_source": source, **result}
-    path = write_result(name, out, args.out, command)
+           "chosen": vars(choice), "chosen_source": source, "tag": args.tag, **result}
+    path = write_result(tagged(name, args.tag), out, args.out, command)
     for method, row in result["methods"].items():
         print(f"{method:24s}", {g: (r["precision"], r["recall"], r["f1"], r["uncited_unsupported"]) for g, r in row.items()})
     print(f"wrote {path}")

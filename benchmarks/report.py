@@ -9,7 +9,7 @@ import argparse
 import json
 from collections import defaultdict
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Sequence
 
 from .common import REPO, RESULTS
 
@@ -234,9 +234,9 @@ def render_citation(results: List[dict]) -> str:
            "Margins and λ were chosen on ExpertQA rand_val only and reused unchanged elsewhere.", ""]
     order = {"expertqa-rand_val": 0, "expertqa-domain_val": 1, "wice-dev": 2}
     several = len({r["dataset"] for r in results}) < len(results)  # a dataset run with more than one model
-    for r in sorted(results, key=lambda r: (order.get(r["dataset"], 9), _is_squad_a1(r))):
+    for r in sorted(results, key=lambda r: (order.get(r["dataset"], 9), _is_squad_a1(r), r.get("tag") or "")):
         chosen = r["chosen"]
-        heading = f"{r['dataset']} ({'squad-a1' if _is_squad_a1(r) else r['model']})" if several else r["dataset"]
+        heading = f"{r['dataset']} ({_citation_model(r)})" if several else r["dataset"]
         out += [f"### {heading}", "",
                 f"{r['sample']['tasks']} answers/claim sets, {r['sample']['claims']} claims "
                 f"({', '.join(f'{k} {v}' for k, v in r['sample']['labels'].items())}), "
@@ -441,6 +441,35 @@ def _is_squad_a1(r: dict) -> bool:
                                                                                           "squad-a1"))
 
 
+def _citation_model(r: dict) -> str:
+    """The name a citation run is shown under: its tag, else squad-a1 / zero-shot / the model's own name."""
+    if r.get("tag"):
+        return r["tag"]
+    return "squad-a1" if _is_squad_a1(r) else "zero-shot" if "zero-shot" in str(r["model"]) else str(r["model"])
+
+
+def _citation_f1(cites: List[dict], models: Sequence[str]) -> List[str]:
+    """Citation F1 (first label group: ExpertQA complete+missing, WiCE dev) of ``models`` side by side,
+    on the datasets every one of them ran."""
+    by = {(_citation_model(r), r["dataset"]): r for r in cites}
+    cite_sets = [d for d in ("expertqa-rand_val", "expertqa-domain_val", "wice-dev")
+                 if all((m, d) in by for m in models)]
+    if not cite_sets:
+        return []
+    out = ["", "Citation F1 (ExpertQA complete+missing, WiCE dev) of PropCite and its margin variants; margins "
+           "chosen on ExpertQA rand_val for each model:", "",
+           "| model | " + " | ".join(f"{d} {m}" for d in cite_sets for m in DEFAULT_CITATION) + " |",
+           "|---|" + "---:|" * (len(cite_sets) * len(DEFAULT_CITATION))]
+    for model in models:
+        vals = []
+        for d in cite_sets:
+            r = by[(model, d)]
+            group = next(iter(r["methods"][DEFAULT_CITATION[0]]))
+            vals += [_fmt(r["methods"][m][group]["f1"]) if m in r["methods"] else "–" for m in DEFAULT_CITATION]
+        out.append(f"| {model} | " + " | ".join(vals) + " |")
+    return out
+
+
 def render_default_choice(grouped: Dict[str, List[dict]]) -> str | None:
     """Issue 13's decision: the default must never be worse than zero-shot MiniLM."""
     full = {}
@@ -483,26 +512,7 @@ def render_default_choice(grouped: Dict[str, List[dict]]) -> str | None:
             values.append("–" if r is None or z is None else
                           f"{_diff(r['metrics'][unit] - z['metrics'][unit])} / {_diff(r['metrics'][sub] - z['metrics'][sub])}")
         out.append(f"| {name} | " + " | ".join(values) + " |")
-    # Citation F1 with each model (the first label group: complete+missing, or WiCE dev).
-    cites = [r for r in grouped.get("citation", [])]
-    by = {}
-    for r in cites:
-        by[("squad-a1" if _is_squad_a1(r) else "zero-shot" if "zero-shot" in str(r["model"]) else r["model"],
-            r["dataset"])] = r
-    cite_sets = [d for d in ("expertqa-rand_val", "expertqa-domain_val", "wice-dev")
-                 if ("zero-shot", d) in by and ("squad-a1", d) in by]
-    if cite_sets:
-        out += ["", "Citation F1 (ExpertQA complete+missing, WiCE dev) of PropCite and its margin variants; margins "
-                "chosen on ExpertQA rand_val for each model:", "",
-                "| model | " + " | ".join(f"{d} {m}" for d in cite_sets for m in DEFAULT_CITATION) + " |",
-                "|---|" + "---:|" * (len(cite_sets) * len(DEFAULT_CITATION))]
-        for model in ("zero-shot", "squad-a1"):
-            vals = []
-            for d in cite_sets:
-                r = by[(model, d)]
-                group = next(iter(r["methods"][DEFAULT_CITATION[0]]))
-                vals += [_fmt(r["methods"][m][group]["f1"]) if m in r["methods"] else "–" for m in DEFAULT_CITATION]
-            out.append(f"| {model} | " + " | ".join(vals) + " |")
+    out += _citation_f1(grouped.get("citation", []), ("zero-shot", "squad-a1"))
     used = [r for r in full.values()]
     out += ["", "Model `default:agrame-minilm` in the runs below is `squad-a1` (then the default; today the same "
             "command needs `--model squad-a1`). The `zero-shot-128` rows ran on its float32 projection before the "
@@ -571,6 +581,7 @@ def render_scaled(grouped: Dict[str, List[dict]]) -> str | None:
     out += ["", "| out of domain: AGRaME − zero-shot (each ≥ −1) | points |", "|---|---:|"]
     for col, key, name in SCALED_OOD:
         out.append(f"| {name} | {_gap(value('big-agrame', col, key), value('zero-shot', col, key), -1)} |")
+    out += _citation_f1(grouped.get("citation", []), ("zero-shot", "big-agrame"))
     used = [r for r in cells.values() if r is not None]
     out += ["", _provenance(used)]
     return "\n".join(out)

@@ -101,18 +101,23 @@ def test_segmentation_smoke(tmp_path):
 def test_citation_smoke(tmp_path, tiny_model_dir, monkeypatch):
     from benchmarks import citation
 
-    rand = tmp_path / "rand.json"
+    # A tagged run (a second model) chooses its own margins and reads them back, not the untagged run's.
+    rand = tmp_path / "citation-expertqa-rand_val-tiny.json"
     citation.main(["--dataset", "expertqa", "--split", "rand_val", "--limit", "3", "--model", str(tiny_model_dir),
-                   "--no-single-vector", "--out", str(rand)])
+                   "--no-single-vector", "--tag", "tiny", "--out", str(rand)])
     result = json.loads(rand.read_text())
-    assert set(result["chosen"]) == {"margin", "lexical_weight", "lexical_margin"}
+    assert set(result["chosen"]) == {"margin", "lexical_weight", "lexical_margin"} and result["tag"] == "tiny"
     assert {"bm25-top1", "propositions", "propositions+margin", "sentence-top2"} <= set(result["methods"])
     monkeypatch.setattr(citation, "RESULTS", tmp_path)
-    monkeypatch.setattr(citation.chosen_settings, "__defaults__", (rand,))
     wice = tmp_path / "wice.json"
+    with pytest.raises(SystemExit, match="rand_val --tag other"):
+        citation.main(["--dataset", "wice", "--limit", "2", "--model", str(tiny_model_dir), "--no-single-vector",
+                       "--tag", "other", "--out", str(wice)])
     citation.main(["--dataset", "wice", "--limit", "2", "--model", str(tiny_model_dir), "--no-single-vector",
-                   "--out", str(wice)])
+                   "--tag", "tiny", "--out", str(wice)])
     result = json.loads(wice.read_text())
+    assert result["chosen"] == json.loads(rand.read_text())["chosen"]
+    assert result["chosen_source"].endswith("citation-expertqa-rand_val-tiny.json)")
     assert result["methods"]["propositions"]["partial_tokens"]["claims"] == 2
     assert result["partial_support"]["propositions"] >= 2
 

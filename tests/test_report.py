@@ -101,6 +101,20 @@ def test_scaled_section_checks_issue_13s_targets():
     assert "| passage P@1 − passage loss only (≥ −1) | -1.5 (missed) | – |" in text
     assert "| atomic-facts proposition P@1 | -0.9 (met) |" in text
     assert "| SciFact sentence P@1 | – |" in text
+    assert "Citation F1" not in text  # the candidate's citation rows are not in yet
+
+    def cite(dataset, model, tag, f1):
+        return {"benchmark": "citation", "dataset": dataset, "model": model, "tag": tag,
+                "methods": {m: {"complete+missing": {"f1": f1 + i}} for i, m in
+                            enumerate(("propositions", "propositions+margin", "propositions+lexical+margin"))}}
+
+    # The candidate's tagged citation rows beside zero-shot's untagged ones, on the datasets both ran.
+    grouped["citation"] = [cite("expertqa-rand_val", zs, None, 40.0), cite("wice-dev", zs, None, 30.0),
+                           cite("expertqa-rand_val", "big", "big-agrame", 42.0)]
+    text = render_scaled(grouped)
+    assert "| model | expertqa-rand_val propositions | expertqa-rand_val propositions+margin |" in text
+    assert "| zero-shot | 40.0 | 41.0 | 42.0 |" in text and "| big-agrame | 42.0 | 43.0 | 44.0 |" in text
+    assert "wice-dev propositions" not in text
     assert render_scaled({"open_domain": grouped["open_domain"][:3]}) is None  # no scaled model measured yet
 
 

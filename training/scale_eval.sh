@@ -34,9 +34,12 @@ for what in ${*:-agrame colbert}; do
     agrame)
       bench big-agrame "$R/export/default"
       # rand_val first: it chooses the margin and λ that the other two splits use.
-      $RUN python -m benchmarks.citation --dataset expertqa --split rand_val --model "$R/export/default"
-      $RUN python -m benchmarks.citation --dataset expertqa --split domain_val --model "$R/export/default"
-      $RUN python -m benchmarks.citation --dataset wice --model "$R/export/default" ;;
+      # (tagged: the default's own citation rows stay beside them).
+      for spec in "expertqa --split rand_val" "expertqa --split domain_val" "wice"; do
+        set -- $spec
+        [ -s "$res/citation-$1-${3:-dev}-big-agrame.json" ] ||
+          $RUN python -m benchmarks.citation --dataset $spec --model "$R/export/default" --tag big-agrame
+      done ;;
     colbert) bench big-colbert "$R/colbert-wise" ;;
     *) echo "scale_eval: unknown model '$what' (agrame, colbert)" >&2; exit 2 ;;
   esac
