@@ -10,7 +10,7 @@ import torch
 
 from training.interpolate import interpolate, projection_agreement
 from training.losses import MultiGranularKLLoss
-from training.mined import choose_negatives, heldout_articles, write_resumable
+from training.mined import choose_negatives, heldout_articles, main as mined_main, unseen, write_resumable
 from training.student import (StudentScorer, in_batch_teacher, layerwise_groups, make_loss, read_mixture,
                               trainable_parameters)
 
@@ -123,6 +123,21 @@ def test_heldout_articles_are_seeded():
     assert heldout_articles(100, 0.05, 0) == heldout_articles(100, 0.05, 0)
     assert len(heldout_articles(100, 0.05, 0)) == 5
     assert heldout_articles(100, 0.0, 0) == set()
+
+
+def test_unseen_keeps_held_out_records_whose_gold_passage_was_never_a_training_positive(tmp_path):
+    def rec(qid, gold, negative):
+        return {"qid": qid, "passages": [{"pid": gold, "positive": True}, {"pid": negative, "positive": False}]}
+
+    # a training *negative* is not "seen": only the positives were taught
+    train = [rec("t1", "a", "b"), rec("t2", "c", "d")]
+    held = [rec("h1", "a", "x"), rec("h2", "b", "c"), rec("h3", "e", "a")]
+    assert [r["qid"] for r in unseen(held, train)] == ["h2", "h3"]
+    paths = {name: tmp_path / f"{name}.jsonl" for name in ("held", "train", "out")}
+    for name, records in (("held", held), ("train", train)):
+        paths[name].write_text("".join(json.dumps(r) + "\n" for r in records))
+    mined_main(["unseen", "--heldout", str(paths["held"]), "--train", str(paths["train"]), "--out", str(paths["out"])])
+    assert [json.loads(line)["qid"] for line in paths["out"].read_text().splitlines()] == ["h2", "h3"]
 
 
 def test_write_resumable_continues_without_duplicates(tmp_path):

@@ -17,7 +17,11 @@ negatives), so ``python -m training.teachers labels`` and the student read them 
   paragraph containing the normalised answer are skipped (likely false negatives).
 - **SciFact train** (claims with rationales): the first cited abstract with rationales is
   the positive, its rationale sentences the "answer sentences"; negatives are BM25's top
-  abstracts with no rationale for the claim. Sentences are the dataset's own.
+  abstracts with no rationale for the claim. Sentences are the dataset's own. Claims are held
+  out, not abstracts, and half the held-out claims cite an abstract that a training claim
+  cites too: ``python -m training.mined unseen`` keeps the held-out claims whose gold abstract
+  no training record has as its positive, so a choice is not flattered by rationale sentences
+  the model was trained on.
 
 Writing is resumable: records go to ``<out>.partial`` in a fixed order and a rerun skips the
 ones already there; the file is renamed to ``--out`` when complete.
@@ -29,7 +33,7 @@ import argparse
 import json
 import random
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from tqdm import tqdm
 
@@ -173,6 +177,12 @@ def scifact_records(claims: Sequence[dict], negatives: int, depth: int = 50) -> 
                "passages": passages}
 
 
+def unseen(heldout: Iterable[dict], train: Iterable[dict]) -> List[dict]:
+    """Held-out records whose positive passage is no training record's positive."""
+    seen = {r["passages"][0]["pid"] for r in train}
+    return [r for r in heldout if r["passages"][0]["pid"] not in seen]
+
+
 def write_resumable(records_from, total: int, out: Path, desc: str) -> int:
     """Append records to ``<out>.partial`` (a rerun continues after the last complete line), then rename.
 
@@ -217,6 +227,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     sq.add_argument("--index", type=Path, default=None, help="index of the train paragraphs (built if missing)")
     sq.add_argument("--heldout-questions", type=int, default=2000, help="held-out questions written (of the held-out articles)")
     sf = sub.add_parser("scifact", help="SciFact train claims with rationales")
+    un = sub.add_parser("unseen", help="held-out records whose gold passage no training record has as positive")
+    un.add_argument("--heldout", type=Path, required=True)
+    un.add_argument("--train", type=Path, required=True)
+    un.add_argument("--out", type=Path, required=True)
     for p in (sq, sf):
         p.add_argument("--out", type=Path, required=True)
         p.add_argument("--heldout", type=Path, required=True, help="held-out records (articles / claims) for choosing")
@@ -225,6 +239,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         p.add_argument("--limit", type=int, default=None, help="only the first N training questions")
         p.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.source == "unseen":
+        from .data import read, write_jsonl
+        held = read(args.heldout)
+        kept = unseen(held, read(args.train))
+        print(f"wrote {write_jsonl(kept, args.out)} of {len(held)} held-out records to {args.out}")
+        return
     if args.source == "squad":
         train, heldout, paragraphs = squad_questions(args.seed, args.heldout_share)
         train = train[:args.limit] if args.limit else train
