@@ -532,9 +532,18 @@ SCALED_DATASETS = (  # (benchmark, dataset, unit, sub-unit, title)
     ("atomic_facts", "propsegment-dev-wiki", "sent_p1", "prop_p1", "atomic facts (sentence / proposition)"),
 )
 # Out of domain, each no more than 1 point below zero-shot: (dataset column, metric, name)
-SCALED_OOD = ((3, "sent_p1", "SciFact sentence P@1"), (4, "prop_p1", "atomic-facts proposition P@1"),
+SCALED_OOD = ((3, "sent_p1", "SciFact sentence P@1"),
+              # SciFact train is in the recipe: only claims on abstracts no training claim taught stay out of domain
+              # (benchmarks.cross_domain --taught); not one of the issue's targets, shown beside it.
+              (3, "untaught:sent_p1", "↳ SciFact sentence P@1, dev claims on untaught abstracts"),
+              (4, "prop_p1", "atomic-facts proposition P@1"),
               (2, "psg_p1", "EntityQuestions passage P@1"), (2, "sent_p1", "EntityQuestions sentence P@1"),
               (1, "psg_p1", "nq-oracle passage P@1"))
+
+
+def _questions(r: dict):
+    """What makes two rows comparable: the questions, and for a subset the set that defined it."""
+    return (r.get("sample", {}).get("questions", r.get("questions")), r.get("taught_abstracts"))
 
 
 def _is_zero_shot(r: dict) -> bool:
@@ -567,9 +576,12 @@ def render_scaled(grouped: Dict[str, List[dict]]) -> str | None:
 
     def value(tag: str, col: int, key: str):
         r, z = cells[(tag, col)], cells[("zero-shot", col)]
-        if r is None or (z is not None and r.get("sample", {}).get("questions") != z.get("sample", {}).get("questions")):
+        part, _, key = key.rpartition(":")
+        if part:  # a subset the run reports beside the whole set (SciFact's "untaught" claims)
+            r, z = r and r.get(part), z and z.get(part)
+        if r is None or (z is not None and _questions(r) != _questions(z)):
             return None  # not measured, or not on the same questions as zero-shot's row
-        return r["metrics"].get(key)
+        return (r.get("metrics") or {}).get(key)
 
     out += ["", "Targets (AGRaME minus the other model, in points):", "",
             "| target | squad-dev | nq-oracle |", "|---|---:|---:|"]

@@ -136,6 +136,34 @@ def test_tag_and_span_query_marker_reach_every_ranking_benchmark(tmp_path, tiny_
         assert len(result["fingerprint"]) == 12
 
 
+def test_scifact_reports_the_claims_on_untaught_abstracts(tmp_path, tiny_model_dir):
+    from benchmarks import cross_domain
+    from benchmarks.common import sample
+
+    claims = sample(cross_domain.load_claims("dev"), 3, 0)
+    first = sorted(int(d) for d in claims[0]["evidence"])[0]
+    kept = sum(not {int(d) for d in c["evidence"]} & {first} for c in claims)
+    taught = tmp_path / "taught.jsonl"
+    records = [{"passages": [{"pid": f"scifact-{first}", "positive": True}, {"pid": "scifact-1", "positive": False}]},
+               {"passages": [{"pid": "squad-7", "positive": True}]}]
+    taught.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "x.json"
+    cross_domain.main(["--method", "colbert-zeroshot-psg", "--corpus-limit", "10", "--limit", "3",
+                       "--model", str(tiny_model_dir), "--taught", str(taught), "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["sample"]["questions"] == 3
+    assert result["untaught"]["questions"] == kept < 3 and result["untaught"]["taught_abstracts"] == 1
+    # the summary is the whole set's metric over the kept claims
+    per = [{"sent_p1": 1.0}, {"sent_p1": 0.0}, {"sent_p1": 1.0}]
+    three = [{"evidence": {"5": []}}, {"evidence": {"6": [], "9": []}}, {"evidence": {"9": []}}]
+    assert cross_domain.untaught_summary(three, per, {9}, "t")["metrics"]["sent_p1"] == 100.0
+    assert cross_domain.untaught_summary(three, per, {5, 6, 9}, "t")["metrics"] is None
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"qid": 1}\n')
+    with pytest.raises(SystemExit, match="bad.jsonl:1"):
+        cross_domain.main(["--method", "colbert-zeroshot-psg", "--taught", str(bad), "--out", str(out)])
+
+
 def test_index_scale_smoke(tmp_path):
     # Synthetic tokens need neither data nor a model; the search runs in its own process.
     from benchmarks import index_search

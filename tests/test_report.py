@@ -115,6 +115,18 @@ def test_scaled_section_checks_issue_13s_targets():
     assert "| model | expertqa-rand_val propositions | expertqa-rand_val propositions+margin |" in text
     assert "| zero-shot | 40.0 | 41.0 | 42.0 |" in text and "| big-agrame | 42.0 | 43.0 | 44.0 |" in text
     assert "wice-dev propositions" not in text
+    # SciFact's subset on untaught abstracts: a gap only where both runs used the same taught set
+    sci = run("cross_domain", "scifact-dev", "big-agrame", 75.0, 50.0, questions=188)
+    sci["untaught"] = {"questions": 92, "taught_abstracts": 300, "metrics": {"sent_p1": 44.0}}
+    zsci = run("cross_domain", "scifact-dev", "zeroshot", 73.9, 45.2, questions=188, model=zs)
+    grouped["cross_domain"] = [sci, zsci]
+    text = render_scaled(grouped)
+    assert "| SciFact sentence P@1 | +4.8 (met) |" in text
+    assert "| ↳ SciFact sentence P@1, dev claims on untaught abstracts | – |" in text
+    zsci["untaught"] = {"questions": 92, "taught_abstracts": 300, "metrics": {"sent_p1": 46.0}}
+    assert "| ↳ SciFact sentence P@1, dev claims on untaught abstracts | -2.0 (missed) |" in render_scaled(grouped)
+    zsci["untaught"]["taught_abstracts"] = 299
+    assert "| ↳ SciFact sentence P@1, dev claims on untaught abstracts | – |" in render_scaled(grouped)
     assert render_scaled({"open_domain": grouped["open_domain"][:3]}) is None  # no scaled model measured yet
 
 
