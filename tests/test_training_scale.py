@@ -140,6 +140,23 @@ def test_unseen_keeps_held_out_records_whose_gold_passage_was_never_a_training_p
     assert [json.loads(line)["qid"] for line in paths["out"].read_text().splitlines()] == ["h2", "h3"]
 
 
+def test_guard_records_take_bm25s_first_answer_passage_and_clean_negatives():
+    from training.mined import guard_records
+
+    texts = ["Paris is the capital of France. It lies on the Seine.", "France borders Spain. Lyon is in France.",
+             "The capital of Italy is Rome.", "Capital letters begin sentences.", "Berlin is in Germany.",
+             "Madrid is the capital of Spain."]
+    questions = [("q-0", "what is the capital of france", ["Paris"]), ("q-1", "capital of mars", ["Zorg"]),
+                 ("q-2", "where does the seine flow", ["France"])]
+    out = list(guard_records(questions, texts, negatives=2, limit=5))
+    assert [r["qid"] for r in out] == ["q-0", "q-2"]  # no passage holds "Zorg": skipped
+    first = out[0]["passages"]
+    assert first[0]["pid"] == "guard-0" and first[0]["positive"] and first[0]["answer_sentences"] == [0]
+    assert len(first) == 3 and not any("Paris" in p["text"] for p in first[1:])
+    assert all(not p["positive"] and p["answer_sentences"] == [] for p in first[1:])
+    assert len(list(guard_records(questions, texts, negatives=2, limit=1))) == 1
+
+
 def test_write_resumable_continues_without_duplicates(tmp_path):
     out = tmp_path / "out.jsonl"
     items = [{"i": i, "skipped": i % 7 == 3} for i in range(1000)]
@@ -189,6 +206,27 @@ def test_held_out_evaluation_finds_the_planted_answer(encoder):
     rows = {"mix=0": {"x": {"sentence_p1_by_alpha": {"0.5": 40.0, "1.0": 50.0}}},
             "mix=1": {"x": {"sentence_p1_by_alpha": {"0.5": 45.0, "1.0": 45.0}}}}
     assert best_setting(rows) == {"model": "mix=0", "alpha": 1.0, "mean_sentence_p1": 50.0}
+
+
+def test_guard_sets_only_constrain_the_mix():
+    from training.choose_mix import best_setting, guard_deficit
+
+    def row(held, guard_psg, guard_sent):
+        return {"squad": {"passage_p1": 90.0, "sentence_p1_by_alpha": {"0.5": held, "1.0": held - 1}},
+                "nq": {"passage_p1": guard_psg, "sentence_p1_by_alpha": {"0.5": guard_sent, "1.0": guard_sent + 3}}}
+
+    reference = row(0.0, 60.0, 40.0)  # its best guard sentence P@1 is at α 1: 43
+    rows = {"mix=0": row(70.0, 60.0, 40.0), "mix=0.5": row(74.0, 59.5, 41.0), "mix=1": row(78.0, 57.0, 42.0)}
+    # unguarded, every set counts in the mean and mix=1 wins ((77 + 45) / 2 at α 1)
+    assert best_setting(rows)["model"] == "mix=1" and best_setting(rows)["mean_sentence_p1"] == 61.0
+    assert guard_deficit(rows["mix=0.5"], "1.0", reference, ["nq"]) == 0.5
+    assert guard_deficit(rows["mix=0.5"], "0.5", reference, ["nq"]) == 2.0  # sentence at α 0.5: 41 vs 43
+    best = best_setting(rows, ["nq"], reference, tolerance=1.0)
+    assert best == {"model": "mix=0.5", "alpha": 1.0, "mean_sentence_p1": 73.0, "guard_deficit": 0.5,
+                    "guard": "admissible"}
+    # nothing admissible: the smallest worst deficit, said so
+    strict = best_setting(rows, ["nq"], reference, tolerance=-5.0)
+    assert strict["model"] == "mix=0" and strict["guard"].startswith("none admissible")
 
 
 def test_student_runs_on_the_encoders_device(make_tiny_encoder):
@@ -261,3 +299,13 @@ def test_choose_mix_writes_its_choice_and_drops_the_partial(tmp_path, tiny_model
     with pytest.raises(SystemExit) as exit_:
         main(["--start", "x", "--tuned", "y", "--held", f"a={tmp_path}/missing.jsonl", "--out", str(out)])
     assert exit_.value.code == 2 and "--held" in capsys.readouterr().err
+    # a guard set is measured in every row and constrains against the reference (identical models here)
+    main(["--start", str(tiny_model_dir), "--tuned", str(tiny_model_dir), "--mix", "0", "1",
+          "--held", f"a={held}:1:2", "--guard", f"g={held}:0:1", "--reference", str(tiny_model_dir), "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert set(result["rows"]["mix=0"]) == {"a", "g"} and result["best"]["guard"] == "admissible"
+    for bad, message in ((["--guard", f"g={held}"], "--guard needs --reference"),
+                         (["--guard", f"a={held}", "--reference", "z"], "must differ")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--start", "x", "--tuned", "y", "--held", f"a={held}", *bad, "--out", str(out)])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err

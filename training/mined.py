@@ -15,6 +15,13 @@ negatives), so ``python -m training.teachers labels`` and the student read them 
   search of an AGRaME index of all train paragraphs (built once at ``--index``), i.e. what
   the model confuses today — and the rest BM25's; in both, the gold paragraph and any
   paragraph containing the normalised answer are skipped (likely false negatives).
+- **Guard sets** (``python -m training.mined guard --topics nq-dev|trivia-dev``): questions of
+  DPR's NQ and TriviaQA *development* splits (carved from those datasets' training data; no
+  benchmark here reports them) over SQuAD train paragraphs and the Wikipedia leads (no
+  reported split's text); the positive is BM25's first passage holding an answer, the
+  negatives BM25's top passages holding none, the answer sentences those holding an answer.
+  Neither source is in the training mix, so ``training.choose_mix --guard`` can refuse a
+  mix that forgets what zero-shot knew outside SQuAD and SciFact.
 - **SciFact train** (claims with rationales): the first cited abstract with rationales is
   the positive, its rationale sentences the "answer sentences"; negatives are BM25's top
   abstracts with no rationale for the claim. Sentences are the dataset's own. Claims are held
@@ -177,6 +184,50 @@ def scifact_records(claims: Sequence[dict], negatives: int, depth: int = 50) -> 
                "passages": passages}
 
 
+GUARD_TOPICS = ("nq-dev", "trivia-dev")
+
+
+def guard_records(questions: Sequence[Tuple[str, str, List[str]]], texts: Sequence[str], negatives: int,
+                  limit: int, depth: int = 50, batch: int = 256) -> Iterator[dict]:
+    """Up to ``limit`` records of (qid, question, answers) with an answer-holding BM25 passage."""
+    from benchmarks.bm25 import PoolBM25
+    from benchmarks.metrics import has_answer
+
+    bm25 = PoolBM25(texts)
+    written = 0
+    for b in range(0, len(questions), batch):
+        part = questions[b:b + batch]
+        docs, _ = bm25.retrieve([q for _, q, _ in part], k=min(depth, len(texts)))
+        for (qid, question, answers), ranked in zip(part, docs):
+            holds = [has_answer(texts[d], answers) for d in ranked.tolist()]
+            gold = next((d for d, h in zip(ranked.tolist(), holds) if h), None)
+            negs = [d for d, h in zip(ranked.tolist(), holds) if not h][:negatives]
+            if gold is None or len(negs) < negatives:
+                continue
+            spans = [list(sp) for sp in split_sentences(texts[gold])]
+            answer_sents = [k for k, (s, e) in enumerate(spans) if has_answer(texts[gold][s:e], answers)]
+            if not answer_sents:  # the answer straddles a sentence boundary
+                continue
+            passages = [{"pid": f"guard-{gold}", "text": texts[gold], "sentences": spans, "positive": True,
+                         "answer_sentences": answer_sents}]
+            passages += [{"pid": f"guard-{d}", "text": texts[d], "sentences": [list(sp) for sp in split_sentences(texts[d])],
+                          "positive": False, "answer_sentences": []} for d in negs]
+            yield {"qid": qid, "question": question, "answer": answers[0], "source": "guard", "passages": passages}
+            written += 1
+            if written >= limit:
+                return
+
+
+def guard_corpus() -> List[str]:
+    """SQuAD train paragraphs and the Wikipedia leads: Wikipedia text of no reported split."""
+    from benchmarks.common import data_dir, squad_paragraphs
+
+    texts = [p["context"] for p in squad_paragraphs("train")]
+    with open(data_dir() / "wiki-leads" / "leads.jsonl", encoding="utf-8") as f:
+        texts += [json.loads(line)["text"] for line in f]
+    return texts
+
+
 def unseen(heldout: Iterable[dict], train: Iterable[dict]) -> List[dict]:
     """Held-out records whose positive passage is no training record's positive."""
     seen = {r["passages"][0]["pid"] for r in train}
@@ -227,6 +278,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     sq.add_argument("--index", type=Path, default=None, help="index of the train paragraphs (built if missing)")
     sq.add_argument("--heldout-questions", type=int, default=2000, help="held-out questions written (of the held-out articles)")
     sf = sub.add_parser("scifact", help="SciFact train claims with rationales")
+    gd = sub.add_parser("guard", help="held-out questions from outside the training mix (DPR NQ / TriviaQA dev)")
+    gd.add_argument("--topics", choices=GUARD_TOPICS, required=True)
+    gd.add_argument("--out", type=Path, required=True)
+    gd.add_argument("--limit", type=int, default=500, help="records written")
+    gd.add_argument("--negatives", type=int, default=7)
+    gd.add_argument("--seed", type=int, default=0)
     un = sub.add_parser("unseen", help="held-out records whose gold passage no training record has as positive")
     un.add_argument("--heldout", type=Path, required=True)
     un.add_argument("--train", type=Path, required=True)
@@ -239,6 +296,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         p.add_argument("--limit", type=int, default=None, help="only the first N training questions")
         p.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.source == "guard":
+        from benchmarks.common import data_dir
+        from .data import write_jsonl
+        with open(data_dir() / "dpr-topics" / f"{args.topics}.jsonl", encoding="utf-8") as f:
+            questions = [(f"{args.topics}-{i}", r["question"], list(r["answers"]))
+                         for i, r in enumerate(map(json.loads, f))]
+        random.Random(args.seed).shuffle(questions)
+        n = write_jsonl(guard_records(questions, guard_corpus(), args.negatives, args.limit), args.out)
+        print(f"wrote {n} {args.topics} questions to {args.out}")
+        return
     if args.source == "unseen":
         from .data import read, write_jsonl
         held = read(args.heldout)
