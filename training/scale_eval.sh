@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Issue 13's full protocol for the models training/scale.sh makes, beside zero-shot MiniLM (whose
 # rows of the same protocol are already in benchmarks/README.md, tag zeroshot-full / run_all.sh):
-#   big-agrame   the exported default candidate (WiSE-FT mix of the multi-granular student), as shipped
-#   big-colbert  the passage-loss-only baseline, mixed the same way
+#   big-agrame-guarded  the default candidate: the multi-granular student WiSE-FT mixed under the guard
+#                       sets (export/guarded), as it would ship                       (`agrame`)
+#   big-agrame          the first candidate, mixed without guard sets (λ = 1, export/default) (`agrame-unguarded`)
+#   big-colbert         the passage-loss-only baseline, mixed like the candidate        (`colbert`)
 # Open domain: squad-dev 2,000 questions (seed 0), nq-oracle all 2,655, EntityQuestions 1,000 (seed 0),
 # BM25 top 100 re-ranked; SciFact dev (with the subset of claims on abstracts SciFact train did not
 # teach, for zero-shot too) and the atomic facts whole; citation (ExpertQA rand_val /
 # domain_val, WiCE dev) for the candidate only. Each model encodes the 33.6k-passage pool once
-# (cached under $AGRAME_CACHE): ~2 h per model on 2 CPU cores. Resumable at the granularity of a
+# (cached under $AGRAME_CACHE): ~1 h per model on 2 CPU cores, citation ~1 h more. Resumable at the granularity of a
 # benchmark: a finished one is skipped when its result file exists (delete those of a model trained again).
 #   bash training/scale_eval.sh              # both; `… agrame` as soon as the candidate is exported
 #   RUN=echo bash training/scale_eval.sh     # print the commands only
@@ -34,21 +36,27 @@ bench() {  # bench TAG MODEL
   [ -s "$res/atomic_facts-colbert-zeroshot-psg-$tag.json" ] ||
     $RUN python -m benchmarks.atomic_facts --method colbert-zeroshot-psg --model "$model" --tag "$tag"
 }
+candidate() {  # candidate TAG MODEL: the suite and the citation rows
+  local tag=$1 model=$2 split name
+  local -a dataset
+  bench "$tag" "$model"
+  # rand_val first: it chooses the margin and λ that the other two splits use
+  # (tagged: the default's own citation rows stay beside them).
+  for split in rand_val domain_val wice; do
+    if [ "$split" = wice ]; then dataset=(wice); name=wice-dev; else dataset=(expertqa --split "$split"); name=expertqa-$split; fi
+    [ -s "$res/citation-$name-$tag.json" ] ||
+      $RUN python -m benchmarks.citation --dataset "${dataset[@]}" --model "$model" --tag "$tag"
+  done
+}
 # zero-shot's SciFact row again with the same taught set (its other rows are already in the repo)
 scifact zeroshot zero-shot
 for what in ${*:-agrame colbert}; do
   case $what in
-    agrame)
-      bench big-agrame "$R/export/default"
-      # rand_val first: it chooses the margin and λ that the other two splits use.
-      # (tagged: the default's own citation rows stay beside them).
-      for spec in "expertqa --split rand_val" "expertqa --split domain_val" "wice"; do
-        set -- $spec
-        [ -s "$res/citation-$1-${3:-dev}-big-agrame.json" ] ||
-          $RUN python -m benchmarks.citation --dataset $spec --model "$R/export/default" --tag big-agrame
-      done ;;
-    colbert) bench big-colbert "$R/colbert-wise" ;;
-    *) echo "scale_eval: unknown model '$what' (agrame, colbert)" >&2; exit 2 ;;
+    agrame) candidate big-agrame-guarded "$R/export/guarded" ;;
+    # the first candidate, mixed without guard sets (λ = 1; its rows are committed)
+    agrame-unguarded) candidate big-agrame "$R/export/default" ;;
+    colbert) bench big-colbert "$R/colbert-guarded" ;;
+    *) echo "scale_eval: unknown model '$what' (agrame, agrame-unguarded, colbert)" >&2; exit 2 ;;
   esac
 done
 $RUN python -m benchmarks.report
