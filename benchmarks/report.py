@@ -569,7 +569,9 @@ def render_scaled(grouped: Dict[str, List[dict]]) -> str | None:
         return None
     out = ["## The scaled recipe against its targets (issue 13)", "",
            "`training/scale.sh` trains both models (SQuAD train with mined and BM25 negatives plus SciFact train, "
-           "WiSE-FT mixed with zero-shot on held-out train data); `training/scale_eval.sh` measures them. Full "
+           "WiSE-FT mixed with zero-shot on held-out train data; since the first candidate, λ = 1, lost out of "
+           "domain, the mix must also stay within 1 point of zero-shot on two guard sets outside the training mix, "
+           "DPR NQ / TriviaQA development questions); `training/scale_eval.sh` measures them. Full "
            "protocol: open-domain sets re-rank BM25's top 100; SciFact dev and the atomic facts whole. Passage P@1 / "
            "sentence P@1 in % (sentence / proposition P@1 for the atomic facts):", "", *_suite_head(SCALED_DATASETS)]
     for tag, name in SCALED_ROWS:
