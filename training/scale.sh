@@ -43,7 +43,8 @@ for topics in nq-dev trivia-dev; do
   [ -s "$R/guard-$topics.jsonl" ] || python -m training.mined guard --topics "$topics" --out "$R/guard-$topics.jsonl"
 done
 mix() {  # mix MODEL: WiSE-FT λ and then α, chosen on held-out train data, no more than 1 point below zero-shot
-  local m=$1 out="$R/choose-mix-$m-guarded.json"  # on the guard sets
+  local m=$1
+  local out="$R/choose-mix-$m-guarded.json"  # (a second `local`: the first's $m is not set while it expands)
   [ -s "$out" ] || python -m training.choose_mix --start zero-shot-128 --tuned "$R/$m/final" \
       --held "squad=$R/squad-heldout.jsonl:0:500" --held "scifact=$R/scifact-heldout.jsonl" \
       --guard "nq=$R/guard-nq-dev.jsonl" --guard "trivia=$R/guard-trivia-dev.jsonl" \
