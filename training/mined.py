@@ -198,10 +198,11 @@ def guard_records(questions: Sequence[Tuple[str, str, List[str]]], texts: Sequen
     for b in range(0, len(questions), batch):
         part = questions[b:b + batch]
         docs, _ = bm25.retrieve([q for _, q, _ in part], k=min(depth, len(texts)))
-        for (qid, question, answers), ranked in zip(part, docs):
-            holds = [has_answer(texts[d], answers) for d in ranked.tolist()]
-            gold = next((d for d, h in zip(ranked.tolist(), holds) if h), None)
-            negs = [d for d, h in zip(ranked.tolist(), holds) if not h][:negatives]
+        for (qid, question, answers), row in zip(part, docs):
+            ranked = row.tolist()
+            holds = [has_answer(texts[d], answers) for d in ranked]
+            gold = next((d for d, h in zip(ranked, holds) if h), None)
+            negs = [d for d, h in zip(ranked, holds) if not h][:negatives]
             if gold is None or len(negs) < negatives:
                 continue
             spans = [list(sp) for sp in split_sentences(texts[gold])]
