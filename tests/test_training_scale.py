@@ -138,6 +138,10 @@ def test_unseen_keeps_held_out_records_whose_gold_passage_was_never_a_training_p
         paths[name].write_text("".join(json.dumps(r) + "\n" for r in records))
     mined_main(["unseen", "--heldout", str(paths["held"]), "--train", str(paths["train"]), "--out", str(paths["out"])])
     assert [json.loads(line)["qid"] for line in paths["out"].read_text().splitlines()] == ["h2", "h3"]
+    with pytest.raises(SystemExit) as exit_:
+        mined_main(["unseen", "--heldout", str(tmp_path / "missing.jsonl"), "--train", str(paths["train"]),
+                    "--out", str(tmp_path / "never.jsonl")])
+    assert exit_.value.code == 2 and not (tmp_path / "never.jsonl").exists()
 
 
 def test_guard_records_take_bm25s_first_answer_passage_and_clean_negatives():

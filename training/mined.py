@@ -309,6 +309,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         return
     if args.source == "unseen":
         from .data import read, write_jsonl
+        for flag, path in (("--heldout", args.heldout), ("--train", args.train)):
+            if not path.is_file():
+                parser.error(f"{flag} {path}: no such file")
         held = read(args.heldout)
         kept = unseen(held, read(args.train))
         print(f"wrote {write_jsonl(kept, args.out)} of {len(held)} held-out records to {args.out}")
