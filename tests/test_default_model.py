@@ -89,3 +89,17 @@ def test_student_starts_from_untrained_minilm():
     for a, b in zip(student.backbone.state_dict().values(), zero_shot.backbone.state_dict().values()):
         assert torch.equal(a, b)
     assert student.projection.weight.shape == (128, 384)
+
+
+@pytest.mark.slow
+def test_student_without_projection_round_trips(tmp_path):
+    """``--dim 0`` trains MiniLM's own 384-d vectors: the saved model must say ``dim: null``, not 0
+    (a 0 asks the loader for a projection file that is not there)."""
+    from agrame.encoder import load_encoder
+    from training.student import student_encoder
+
+    student = student_encoder(0, False, 256)
+    assert student.projection is None and student.settings.dim is None
+    student.save(tmp_path / "s")
+    loaded = load_encoder(tmp_path / "s")
+    assert loaded.projection is None and loaded.dim == 384

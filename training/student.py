@@ -35,7 +35,7 @@ from .losses import MultiGranularKLLoss
 def student_encoder(dim: Optional[int], query_augmentation: bool, doc_maxlen: int) -> Encoder:
     """MiniLM with AGRaME markers and (optionally) a new projection, before training."""
     base = load_encoder(ZERO_SHOT)  # never the shipped default: training starts from MiniLM
-    settings = EncoderSettings(dim=dim, doc_maxlen=doc_maxlen, markers=dict(DEFAULT_MARKERS),
+    settings = EncoderSettings(dim=dim or None, doc_maxlen=doc_maxlen, markers=dict(DEFAULT_MARKERS),
                                span_query_marker="Q'", query_augmentation=query_augmentation)
     projection = nn.Linear(base.dim, dim, bias=False) if dim else None
     return Encoder(base.backbone, base.tokenizer, settings, projection, source="agrame-student")
@@ -278,7 +278,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--weighting", choices=("softmax", "sigmoid"), default="softmax")
     parser.add_argument("--sentence-weight", type=float, default=1.0, help="0: passage loss only (ColBERT)")
     parser.add_argument("--layers", type=int, default=2, help="top transformer layers tuned")
-    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--dim", type=int, default=128,
+                        help="projection size; 0: none, the backbone's own 384-d vectors (start from "
+                             "--init-model zero-shot, so that λ = 0 of the mix is zero-shot MiniLM itself)")
     parser.add_argument("--doc-maxlen", type=int, default=256)
     parser.add_argument("--query-augmentation", action="store_true", help="pad queries with [MASK] (ColBERT)")
     parser.add_argument("--steps", type=int, default=600)
