@@ -522,9 +522,10 @@ def render_default_choice(grouped: Dict[str, List[dict]]) -> str | None:
 
 # Issue 13's scaled recipe (training/scale.sh, measured by training/scale_eval.sh): tag, row name.
 SCALED_ROWS = (("zero-shot", "zero-shot MiniLM (the default today)"),
-               ("big-colbert", "passage loss only, scaled (WiSE-FT mixed under the guard sets)"),
-               ("big-agrame", "AGRaME, scaled, mixed without guard sets (λ = 1)"),
-               ("big-agrame-guarded", "**AGRaME, scaled** (WiSE-FT mixed under the guard sets; the candidate default)"))
+               ("big-colbert", "passage loss only, scaled (384-d start; WiSE-FT mixed under the guard sets)"),
+               ("big-agrame", "AGRaME, scaled from the 128-d start, mixed without guard sets (λ = 1)"),
+               ("big-agrame-guarded", "**AGRaME, scaled** (384-d start; WiSE-FT mixed under the guard sets; "
+                                      "the candidate default)"))
 SCALED_CANDIDATES = ("big-agrame", "big-agrame-guarded")
 SCALED_DATASETS = (  # (benchmark, dataset, unit, sub-unit, title)
     ("open_domain", "squad-dev", "psg_p1", "sent_p1", "squad-dev (2,000)"),

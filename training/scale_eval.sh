@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Issue 13's full protocol for the models training/scale.sh makes, beside zero-shot MiniLM (whose
 # rows of the same protocol are already in benchmarks/README.md, tag zeroshot-full / run_all.sh):
-#   big-agrame-guarded  the default candidate: the multi-granular student WiSE-FT mixed under the guard
-#                       sets (export/guarded), as it would ship                       (`agrame`)
-#   big-agrame          the first candidate, mixed without guard sets (λ = 1, export/default) (`agrame-unguarded`)
-#   big-colbert         the passage-loss-only baseline, mixed like the candidate        (`colbert`)
+#   big-agrame-guarded  the default candidate: the multi-granular student from zero-shot's 384-d vectors,
+#                       WiSE-FT mixed under the guard sets (export/guarded), as it would ship (`agrame`)
+#   big-agrame          the first candidate: 128-d start, mixed without guard sets (λ = 1; its folders are
+#                       in big/first-128 since the start changed)                     (`agrame-unguarded`)
+#   big-colbert         the passage-loss-only baseline, trained and mixed like the candidate (`colbert`)
 # Open domain: squad-dev 2,000 questions (seed 0), nq-oracle all 2,655, EntityQuestions 1,000 (seed 0),
 # BM25 top 100 re-ranked; SciFact dev (with the subset of claims on abstracts SciFact train did not
 # teach, for zero-shot too) and the atomic facts whole; citation (ExpertQA rand_val /
@@ -54,7 +55,7 @@ for what in ${*:-agrame colbert}; do
   case $what in
     agrame) candidate big-agrame-guarded "$R/export/guarded" ;;
     # the first candidate, mixed without guard sets (λ = 1; its rows are committed)
-    agrame-unguarded) candidate big-agrame "$R/export/default" ;;
+    agrame-unguarded) candidate big-agrame "$R/first-128/export/default" ;;
     colbert) bench big-colbert "$R/colbert-guarded" ;;
     *) echo "scale_eval: unknown model '$what' (agrame, agrame-unguarded, colbert)" >&2; exit 2 ;;
   esac
