@@ -4,6 +4,7 @@
 #   bash training/scale.sh                   # 1,000 steps of ~14 s on 2 CPU cores (~4 h; README, Scaling up)
 #   STEPS=300 bash training/scale.sh         # a shorter run (the data are mined for STEPS × 8 questions)
 #   ONLY=agrame bash training/scale.sh       # the candidate only: student, mix, export (then scale_eval.sh agrame)
+#   RUN=echo bash training/scale.sh          # print the stages still to run, run nothing (tests/test_scripts.py)
 # DEVICE=cuda puts the students on a GPU (training.student --device; untried: no device has been
 # lent to this project yet; checkpoints are device-free, so a run may move between CPU and GPU).
 # Stages:
@@ -34,43 +35,44 @@ STEPS=${STEPS:-1000}
 START=${START:-zero-shot}   # θ₀: a model name or folder (see above)
 DIM=${DIM:-0}              # the student's projection: 0 = none (START must then have none either)
 MINED_LIMIT=${MINED_LIMIT:-$((STEPS * 8))}   # questions the run consumes (one epoch at most)
-mkdir -p "$R"
-[ -s "$R/squad.jsonl" ] || python -m training.mined squad --out "$R/squad.jsonl" --heldout "$R/squad-heldout.jsonl" \
+RUN=${RUN:-}
+$RUN mkdir -p "$R"
+[ -s "$R/squad.jsonl" ] || $RUN python -m training.mined squad --out "$R/squad.jsonl" --heldout "$R/squad-heldout.jsonl" \
     --negatives 7 --mined 4 --mine-model zero-shot-128 --index "$R/train-index" --limit "$MINED_LIMIT"
-[ -s "$R/scifact.jsonl" ] || python -m training.mined scifact --out "$R/scifact.jsonl" --heldout "$R/scifact-heldout.jsonl" \
+[ -s "$R/scifact.jsonl" ] || $RUN python -m training.mined scifact --out "$R/scifact.jsonl" --heldout "$R/scifact-heldout.jsonl" \
     --negatives 7
 for part in squad scifact; do
-  [ -s "$R/$part-labels.jsonl" ] || python -m training.teachers labels --data "$R/$part.jsonl" --out "$R/$part-labels.jsonl"
+  [ -s "$R/$part-labels.jsonl" ] || $RUN python -m training.teachers labels --data "$R/$part.jsonl" --out "$R/$part-labels.jsonl"
 done
 recipe=(--data "$R/squad-labels.jsonl" "$R/scifact-labels.jsonl@4" --init-model "$START" --layers 6 --dim "$DIM"
         --steps "$STEPS" --batch-size 8 --lr 1e-4 --warmup 0.05 --layer-lr-decay 0.8 --in-batch --seed 0
         --device "${DEVICE:-cpu}")
 # Guard sets: DPR NQ / TriviaQA development questions, outside the training mix (training.mined guard)
 for topics in nq-dev trivia-dev; do
-  [ -s "$R/guard-$topics.jsonl" ] || python -m training.mined guard --topics "$topics" --out "$R/guard-$topics.jsonl"
+  [ -s "$R/guard-$topics.jsonl" ] || $RUN python -m training.mined guard --topics "$topics" --out "$R/guard-$topics.jsonl"
 done
 mix() {  # mix MODEL: WiSE-FT λ and then α, chosen on held-out train data, no more than 1 point below zero-shot
   local m=$1
   local out="$R/choose-mix-$m-guarded.json"  # (a second `local`: the first's $m is not set while it expands)
-  [ -s "$out" ] || python -m training.choose_mix --start "$START" --tuned "$R/$m/final" \
+  [ -s "$out" ] || $RUN python -m training.choose_mix --start "$START" --tuned "$R/$m/final" \
       --held "squad=$R/squad-heldout.jsonl:0:500" --held "scifact=$R/scifact-heldout.jsonl" \
       --guard "nq=$R/guard-nq-dev.jsonl" --guard "trivia=$R/guard-trivia-dev.jsonl" \
       --reference zero-shot --out "$out"
-  local lam
-  lam=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['best']['model'].split('=')[1])" "$out")
-  python -m training.interpolate --start "$START" --tuned "$R/$m/final" --mix "$lam" --out "$R/$m-guarded"
-  python -m training.choose_alpha --model "$R/$m-guarded" --data "$R/squad-heldout.jsonl" --skip 0 --limit 500 --write
+  local lam="<λ chosen in $out>"
+  [ -n "$RUN" ] || lam=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['best']['model'].split('=')[1])" "$out")
+  $RUN python -m training.interpolate --start "$START" --tuned "$R/$m/final" --mix "$lam" --out "$R/$m-guarded"
+  $RUN python -m training.choose_alpha --model "$R/$m-guarded" --data "$R/squad-heldout.jsonl" --skip 0 --limit 500 --write
 }
 # The candidate is mixed and exported before the baseline trains: on the CPU that is a session
 # earlier to see whether it can beat zero-shot at all.
-[ -e "$R/agrame/final/agrame.json" ] || python -m training.student "${recipe[@]}" --out "$R/agrame" --sentence-marker "Q'"
+[ -e "$R/agrame/final/agrame.json" ] || $RUN python -m training.student "${recipe[@]}" --out "$R/agrame" --sentence-marker "Q'"
 # (if-blocks, not `||`: bash ignores set -e inside a function called on the left of && or ||)
 if [ ! -e "$R/export/guarded/delta.json" ]; then
   mix agrame
-  python -m training.export --model "$R/agrame-guarded" --out "$R/export/guarded"
+  $RUN python -m training.export --model "$R/agrame-guarded" --out "$R/export/guarded"
 fi
 if [ "${ONLY:-}" = agrame ]; then  # ONLY=agrame: stop at the candidate (measure it before the baseline trains)
   exit 0
 fi
-[ -e "$R/colbert/final/agrame.json" ] || python -m training.student "${recipe[@]}" --out "$R/colbert" --sentence-weight 0
+[ -e "$R/colbert/final/agrame.json" ] || $RUN python -m training.student "${recipe[@]}" --out "$R/colbert" --sentence-weight 0
 mix colbert  # cheap (minutes); repeated on a rerun like the stages before it

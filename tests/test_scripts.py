@@ -1,0 +1,82 @@
+"""The shell recipes of issue 13 in dry-run mode (``RUN=echo``): which stages run, with what.
+
+A slip in these scripts costs hours of CPU before it shows (a ``local`` that expanded an unset
+variable once stopped the guarded mix at once), so their control flow is checked here without
+running a single stage.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+def dry_run(script: str, runs: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k not in ("START", "DIM", "ONLY", "STEPS", "DEVICE")}
+    environ.update(RUN="echo", AGRAME_RUNS=str(runs), **env)
+    return subprocess.run(["bash", str(ROOT / "training" / script), *args], env=environ, capture_output=True,
+                          text=True, timeout=60)
+
+
+def lines_with(out: str, *parts: str) -> list:
+    return [line for line in out.splitlines() if all(p in line for p in parts)]
+
+
+def test_scale_runs_every_stage_from_the_384d_start(tmp_path):
+    result = dry_run("scale.sh", tmp_path)
+    assert result.returncode == 0, result.stderr
+    out, big = result.stdout, tmp_path / "big"
+    students = lines_with(out, "training.student")
+    assert len(students) == 2
+    assert all("--init-model zero-shot --layers 6 --dim 0" in s for s in students)
+    assert f"--out {big}/agrame --sentence-marker Q'" in students[0]
+    assert f"--out {big}/colbert --sentence-weight 0" in students[1]
+    for model in ("agrame", "colbert"):
+        (mix,) = lines_with(out, "training.choose_mix", f"{big}/{model}/final")
+        assert "--start zero-shot " in mix and "--reference zero-shot" in mix
+        assert f"--guard nq={big}/guard-nq-dev.jsonl" in mix and f"--guard trivia={big}/guard-trivia-dev.jsonl" in mix
+        (interpolate,) = lines_with(out, "training.interpolate", f"--out {big}/{model}-guarded")
+        assert f"choose-mix-{model}-guarded.json" in interpolate
+    assert lines_with(out, "training.export", f"--out {big}/export/guarded")
+    assert len(lines_with(out, "training.mined guard")) == 2
+
+
+def test_scale_start_is_selectable_and_only_agrame_stops_before_the_baseline(tmp_path):
+    result = dry_run("scale.sh", tmp_path, START="zero-shot-128", DIM="128", ONLY="agrame", STEPS="300")
+    assert result.returncode == 0, result.stderr
+    (student,) = lines_with(result.stdout, "training.student")
+    assert "--init-model zero-shot-128 --layers 6 --dim 128 --steps 300" in student
+    assert lines_with(result.stdout, "training.choose_mix", "--start zero-shot-128")
+    assert "--limit 2400" in lines_with(result.stdout, "training.mined squad")[0]
+    assert not lines_with(result.stdout, "colbert")
+
+
+def test_scale_skips_finished_stages(tmp_path):
+    big = tmp_path / "big"
+    for name in ("squad.jsonl", "scifact.jsonl", "squad-labels.jsonl", "scifact-labels.jsonl",
+                 "guard-nq-dev.jsonl", "guard-trivia-dev.jsonl", "agrame/final/agrame.json",
+                 "export/guarded/delta.json"):
+        (big / name).parent.mkdir(parents=True, exist_ok=True)
+        (big / name).write_text("x\n")
+    result = dry_run("scale.sh", tmp_path)
+    assert result.returncode == 0, result.stderr
+    commands = [line for line in result.stdout.splitlines() if line.startswith("python")]
+    assert all("colbert" in c for c in commands), commands
+    assert len(lines_with(result.stdout, "training.student")) == 1
+
+
+def test_scale_eval_dry_run_and_unknown_model(tmp_path):
+    result = dry_run("scale_eval.sh", tmp_path, "agrame")
+    assert result.returncode == 0, result.stderr
+    assert lines_with(result.stdout, "benchmarks.open_domain", f"--model {tmp_path}/big/export/guarded",
+                      "--tag big-agrame-guarded")
+    assert lines_with(result.stdout, "benchmarks.citation", "--tag big-agrame-guarded")
+    bad = dry_run("scale_eval.sh", tmp_path, "nonsense")
+    assert bad.returncode == 2 and "unknown model 'nonsense'" in bad.stderr
