@@ -313,3 +313,27 @@ def test_choose_mix_writes_its_choice_and_drops_the_partial(tmp_path, tiny_model
         with pytest.raises(SystemExit) as exit_:
             main(["--start", "x", "--tuned", "y", "--held", f"a={held}", *bad, "--out", str(out)])
         assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("buckets", [2, 3, 4])
+def test_length_buckets_change_no_score_and_no_gradient(encoder, buckets):
+    """Encoding passages in length groups is a speed-up only: same scores, same gradients as one padded batch."""
+    t = (3.0, 0.0, -1.0, 1.0)
+    batch = [record("why do reefs bleach", [0, 1, 2, 3], t), record("who built the tower", [2, 3, 0, 1], t),
+             record("what is coral", [1, 0, 3, 2], t)]
+
+    def run(b):
+        torch.manual_seed(0)
+        scorer = StudentScorer(encoder, "Q'", in_batch=True, buckets=b).eval()
+        encoder.zero_grad()
+        passage, sentence, mask = scorer(batch)
+        (passage.sum() + (sentence * mask).sum()).backward()
+        grads = {n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}
+        return passage.detach(), sentence.detach(), mask, grads
+
+    one, many = run(1), run(buckets)
+    assert torch.allclose(one[0], many[0], atol=1e-5) and torch.allclose(one[1], many[1], atol=1e-5)
+    assert torch.equal(one[2], many[2])
+    assert one[3].keys() == many[3].keys() and one[3]
+    for name in one[3]:
+        assert torch.allclose(one[3][name], many[3][name], atol=1e-4), name
