@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The scaled recipe of issue 13 (README, Training): every step resumes, so the same command
 # continues after an interruption (on this CPU, across sessions).
-#   bash training/scale.sh                   # 1,000 steps of ~14 s on 2 CPU cores (~4 h; README, Scaling up)
+#   bash training/scale.sh                   # 1,000 steps of ~9 s on 2 CPU cores (~2.5 h a model; README, Scaling up)
 #   STEPS=300 bash training/scale.sh         # a shorter run (the data are mined for STEPS × 8 questions)
 #   ONLY=agrame bash training/scale.sh       # the candidate only: student, mix, export (then scale_eval.sh agrame)
 #   RUN=echo bash training/scale.sh          # print the stages still to run, run nothing (tests/test_scripts.py)
