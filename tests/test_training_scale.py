@@ -337,3 +337,43 @@ def test_length_buckets_change_no_score_and_no_gradient(encoder, buckets):
     assert one[3].keys() == many[3].keys() and one[3]
     for name in one[3]:
         assert torch.allclose(one[3][name], many[3][name], atol=1e-4), name
+
+
+def test_distill_records_are_bm25s_top_passages_unlabelled(tmp_path):
+    from training.mined import distill_records, main as mined
+
+    texts = ["Paris is the capital of France. It lies on the Seine.", "France borders Spain.",
+             "The capital of Italy is Rome.", "Berlin is in Germany."]
+    questions = [("q-0", "capital of france", ["Paris"]), ("q-1", "where is berlin", ["Germany"]),
+                 ("q-2", "rome italy", ["Rome"])]
+    out = list(distill_records(questions, texts, passages=3, limit=2))
+    assert [r["qid"] for r in out] == ["q-0", "q-1"]
+    assert out[0]["passages"][0]["text"] == texts[0] and out[1]["passages"][0]["text"] == texts[3]
+    assert all(len(r["passages"]) == 3 and "positive" not in r["passages"][0] for r in out)
+    assert out[0]["passages"][0]["sentences"] == [[0, 31], [32, 53]]
+    with pytest.raises(SystemExit) as exit_:
+        mined(["distill", "--topics", "nq-dev", "--exclude", str(tmp_path / "missing.jsonl"),
+               "--out", str(tmp_path / "never.jsonl")])
+    assert exit_.value.code == 2 and not (tmp_path / "never.jsonl").exists()
+
+
+def test_multivector_teacher_scores_are_the_students_own(encoder, tmp_path):
+    """Self-distillation from the model training starts at: the teacher's logits are the student's
+    scores at step 0 (passages with [Q], sentences with [Q'])."""
+    from training.teachers import main as teachers
+
+    encoder.save(tmp_path / "m")
+    batch = [record("why do reefs bleach", [0, 1, 2]), record("who built the tower in 1889", [2, 3, 0])]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in batch))
+    teachers(["multivector", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "d.jsonl"),
+              "--out", str(tmp_path / "t.jsonl")])
+    scored = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    with torch.no_grad():
+        passage, sentence, mask = StudentScorer(encoder, "Q'").eval()(batch)
+    for b, r in enumerate(scored):
+        for p, item in enumerate(r["passages"]):
+            assert item["teacher"] == pytest.approx(float(passage[b, p]), abs=1e-3)
+            assert len(item["teacher_sentences"]) == len(item["sentences"])
+            for j, value in enumerate(item["teacher_sentences"]):
+                if mask[b, p, j]:
+                    assert value == pytest.approx(float(sentence[b, p, j]), abs=1e-3)

@@ -32,7 +32,7 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -48,24 +48,31 @@ def load_model(spec: str) -> Encoder:
     return load_encoder(None if spec == "default" else spec)
 
 
+def record_scores(ranker: Ranker, record: dict) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A record's passage scores ``[P]``, the scores of all their sentences ``[S]`` (the record's own
+    sentences, in passage order) and each sentence's passage ``[S]``: MaxSim of the ``[Q]`` query
+    and of the sentence query (``[Q']``), as ``agrame rank`` scores them."""
+    encoder = ranker.encoder
+    items = as_passages([(str(k), p["text"]) for k, p in enumerate(record["passages"])])
+    encoded = encoder.encode_passages([p.text for p in items], batch_size=ranker.batch_size)
+    # The record's own sentences (SciFact's are the dataset's), so the gold passage's answer
+    # sentences are the first global sentence indices.
+    corpus = EncodedCorpus.build(items, encoded, sentences=[p["sentences"] for p in record["passages"]])
+    q, s = ranker.encode_query(record["question"], "sentence")
+    passage = scoring.segment_maxsim(scoring.similarity(q, corpus.vectors.float()), corpus.token_passage, len(corpus))
+    sentence = scoring.segment_maxsim(scoring.similarity(s, corpus.vectors.float()), corpus.token_sentence,
+                                      int(corpus.sentences.shape[0]))
+    return passage, sentence, corpus.sentence_passage
+
+
 def evaluate(encoder: Encoder, records: Sequence[dict], grid: Sequence[float] = GRID) -> dict:
     """Passage P@1 among each record's passages, and sentence P@1 over all their sentences per α."""
     ranker = Ranker(encoder)
     hits = {a: 0 for a in grid}
     passage_hits = 0
     for r in records:
-        items = as_passages([(str(k), p["text"]) for k, p in enumerate(r["passages"])])
-        encoded = encoder.encode_passages([p.text for p in items], batch_size=ranker.batch_size)
-        # The record's own sentences (SciFact's are the dataset's), so the gold passage's answer
-        # sentences are the first global sentence indices.
-        corpus = EncodedCorpus.build(items, encoded, sentences=[p["sentences"] for p in r["passages"]])
-        q, s = ranker.encode_query(r["question"], "sentence")
-        passage = scoring.segment_maxsim(scoring.similarity(q, corpus.vectors.float()), corpus.token_passage,
-                                         len(corpus))
+        passage, sentence, owner = record_scores(ranker, r)
         passage_hits += int(torch.sort(passage, descending=True, stable=True).indices[0]) == 0
-        sentence = scoring.segment_maxsim(scoring.similarity(s, corpus.vectors.float()), corpus.token_sentence,
-                                          int(corpus.sentences.shape[0]))
-        owner = corpus.sentence_passage
         gold = set(r["passages"][0]["answer_sentences"])
         for a in grid:
             combined = scoring.combined_score(sentence, passage[owner], a)

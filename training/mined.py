@@ -22,6 +22,12 @@ negatives), so ``python -m training.teachers labels`` and the student read them 
   negatives BM25's top passages holding none, the answer sentences those holding an answer.
   Neither source is in the training mix, so ``training.choose_mix --guard`` can refuse a
   mix that forgets what zero-shot knew outside SQuAD and SciFact.
+- **Distillation questions** (``python -m training.mined distill --topics nq-dev --exclude
+  guard-nq-dev.jsonl``): the rest of those DPR questions, unlabelled, each with BM25's top 1 + k
+  passages of the same corpus; ``training.teachers multivector --model zero-shot`` scores them,
+  so that the student keeps zero-shot's ranking of non-SQuAD questions (the issue's third guard
+  against forgetting). Answer-matched labels are no teacher here: on the guard set most
+  "positives" merely contain the answer string.
 - **SciFact train** (claims with rationales): the first cited abstract with rationales is
   the positive, its rationale sentences the "answer sentences"; negatives are BM25's top
   abstracts with no rationale for the claim. Sentences are the dataset's own. Claims are held
@@ -219,6 +225,39 @@ def guard_records(questions: Sequence[Tuple[str, str, List[str]]], texts: Sequen
                 return
 
 
+def distill_records(questions: Sequence[Tuple[str, str, List[str]]], texts: Sequence[str], passages: int,
+                    limit: int, batch: int = 256) -> Iterator[dict]:
+    """Up to ``limit`` unlabelled records: each question with BM25's top ``passages`` texts (for a
+    teacher that scores them all, ``training.teachers multivector``; no answer is consulted)."""
+    from benchmarks.bm25 import PoolBM25
+
+    bm25 = PoolBM25(texts)
+    written = 0
+    for b in range(0, len(questions), batch):
+        part = questions[b:b + batch][: limit - written]
+        docs, _ = bm25.retrieve([q for _, q, _ in part], k=min(passages, len(texts)))
+        for (qid, question, _), row in zip(part, docs):
+            ranked = row.tolist()
+            if len(ranked) < passages:
+                continue
+            yield {"qid": qid, "question": question, "source": "distill",
+                   "passages": [{"pid": f"guard-{d}", "text": texts[d],
+                                 "sentences": [list(sp) for sp in split_sentences(texts[d])]} for d in ranked]}
+            written += 1
+        if written >= limit:
+            return
+
+
+def dpr_questions(topics: str, seed: int) -> List[Tuple[str, str, List[str]]]:
+    """(qid, question, answers) of a DPR topic file, shuffled by ``seed`` (qid: topics-line)."""
+    from benchmarks.common import data_dir
+
+    with open(data_dir() / "dpr-topics" / f"{topics}.jsonl", encoding="utf-8") as f:
+        questions = [(f"{topics}-{i}", r["question"], list(r["answers"])) for i, r in enumerate(map(json.loads, f))]
+    random.Random(seed).shuffle(questions)
+    return questions
+
+
 def guard_corpus() -> List[str]:
     """SQuAD train paragraphs and the Wikipedia leads: Wikipedia text of no reported split."""
     from benchmarks.common import data_dir, squad_paragraphs
@@ -285,6 +324,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     gd.add_argument("--limit", type=int, default=500, help="records written")
     gd.add_argument("--negatives", type=int, default=7)
     gd.add_argument("--seed", type=int, default=0)
+    ds = sub.add_parser("distill", help="unlabelled DPR NQ / TriviaQA dev questions with BM25 passages, for a "
+                                        "self-distillation teacher (the guard sets' questions excluded)")
+    ds.add_argument("--topics", choices=GUARD_TOPICS, required=True)
+    ds.add_argument("--exclude", type=Path, action="append", default=[],
+                    help="records whose questions (qid) must not be used, e.g. the guard set (repeatable)")
+    ds.add_argument("--out", type=Path, required=True)
+    ds.add_argument("--limit", type=int, default=2000, help="records written")
+    ds.add_argument("--negatives", type=int, default=7, help="passages per question: 1 + this (as the other sources)")
+    ds.add_argument("--seed", type=int, default=0, help="shuffle of the questions")
     un = sub.add_parser("unseen", help="held-out records whose gold passage no training record has as positive")
     un.add_argument("--heldout", type=Path, required=True)
     un.add_argument("--train", type=Path, required=True)
@@ -298,14 +346,20 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         p.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.source == "guard":
-        from benchmarks.common import data_dir
         from .data import write_jsonl
-        with open(data_dir() / "dpr-topics" / f"{args.topics}.jsonl", encoding="utf-8") as f:
-            questions = [(f"{args.topics}-{i}", r["question"], list(r["answers"]))
-                         for i, r in enumerate(map(json.loads, f))]
-        random.Random(args.seed).shuffle(questions)
+        questions = dpr_questions(args.topics, args.seed)
         n = write_jsonl(guard_records(questions, guard_corpus(), args.negatives, args.limit), args.out)
         print(f"wrote {n} {args.topics} questions to {args.out}")
+        return
+    if args.source == "distill":
+        from .data import read, write_jsonl
+        for path in args.exclude:
+            if not path.is_file():
+                parser.error(f"--exclude {path}: no such file")
+        excluded = {r["qid"] for path in args.exclude for r in read(path)}
+        questions = [q for q in dpr_questions(args.topics, args.seed) if q[0] not in excluded]
+        n = write_jsonl(distill_records(questions, guard_corpus(), 1 + args.negatives, args.limit), args.out)
+        print(f"wrote {n} {args.topics} questions ({len(excluded)} excluded) to {args.out}")
         return
     if args.source == "unseen":
         from .data import read, write_jsonl

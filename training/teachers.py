@@ -242,6 +242,33 @@ def evaluate(model: Optional[CrossEncoder], limit: int, seed: int, depth: int, s
     return out
 
 
+def multivector_scored(model: str, records: Sequence[dict]):
+    """Each record with ``teacher`` (passage MaxSim) and ``teacher_sentences`` (each sentence's
+    MaxSim with the sentence query) from ``model``, as ``agrame rank`` scores them. The raw sums
+    are the logits: a student that starts from this model then starts at zero passage loss."""
+    from tqdm import tqdm
+
+    from agrame.ranker import Ranker
+
+    from .choose_mix import load_model, record_scores
+
+    ranker = Ranker(load_model(model))
+    with torch.inference_mode():
+        for r in tqdm(records, desc=f"{model} scores", disable=None):
+            passage, sentence, _ = record_scores(ranker, r)
+            # A sentence with no scored token has no score: 0, and the student masks it anyway.
+            sentence = torch.nan_to_num(sentence, nan=0.0, posinf=0.0, neginf=0.0)
+            first = 0
+            for p, score in zip(r["passages"], passage.tolist()):
+                n = len(p["sentences"])
+                p["teacher"] = round(score, 4)
+                p["teacher_sentences"] = [round(x, 4) for x in sentence[first:first + n].tolist()]
+                first += n
+            if first != len(sentence):
+                raise ValueError(f"record {r.get('qid')}: {len(sentence)} sentence scores for {first} sentences")
+            yield r
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     from .data import read
     from .loop import LoopSettings, train
@@ -273,6 +300,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     lab.add_argument("--out", required=True)
     lab.add_argument("--strength", type=float, default=5.0, help="gold logit (5: p(gold) ≈ 0.98 among 4 passages)")
     lab.add_argument("--limit", type=int, default=None)
+    mv = sub.add_parser("multivector", help="a multi-vector model's own MaxSim scores as the teacher (self-"
+                                            "distillation, e.g. zero-shot MiniLM on questions outside SQuAD)")
+    mv.add_argument("--model", default="zero-shot", help="model name or folder (default: zero-shot MiniLM)")
+    mv.add_argument("--data", required=True)
+    mv.add_argument("--out", required=True)
+    mv.add_argument("--limit", type=int, default=None)
     e = sub.add_parser("evaluate", help="accuracy on SQuAD dev (passage P@1 among BM25 candidates, sentence P@1)")
     e.add_argument("--model", default=None, help="teacher folder; omit with --student to evaluate a multi-vector model")
     e.add_argument("--student", action="store_true", help="evaluate the multi-vector model (default or --student-model)")
@@ -308,6 +341,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 yield r
 
         print(f"wrote {write_jsonl(labelled(), args.out)} records to {args.out}")
+        return
+    if args.command == "multivector":
+        from .data import write_jsonl
+
+        records = read(args.data)[: args.limit]
+        print(f"wrote {write_jsonl(multivector_scored(args.model, records), args.out)} records to {args.out}")
         return
     if args.command == "score":
         from .data import write_jsonl
