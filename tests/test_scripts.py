@@ -80,3 +80,19 @@ def test_scale_eval_dry_run_and_unknown_model(tmp_path):
     assert lines_with(result.stdout, "benchmarks.citation", "--tag big-agrame-guarded")
     bad = dry_run("scale_eval.sh", tmp_path, "nonsense")
     assert bad.returncode == 2 and "unknown model 'nonsense'" in bad.stderr
+
+
+def test_scale_distill_variant_keeps_guard_questions_out_and_its_models_apart(tmp_path):
+    models = tmp_path / "big" / "distill"
+    result = dry_run("scale.sh", tmp_path, DISTILL="1", M=str(models))
+    assert result.returncode == 0, result.stderr
+    out, big = result.stdout.splitlines(), tmp_path / "big"
+    for topics in ("nq-dev", "trivia-dev"):
+        guard = next(i for i, line in enumerate(out) if f"mined guard --topics {topics}" in line)
+        distill = next(i for i, line in enumerate(out) if f"mined distill --topics {topics}" in line)
+        assert guard < distill and f"--exclude {big}/guard-{topics}.jsonl" in out[distill]
+        assert lines_with(result.stdout, "teachers multivector --model zero-shot", f"distill-{topics}.jsonl")
+    for student in lines_with(result.stdout, "training.student"):
+        assert f"{big}/distill-nq-dev-scored.jsonl {big}/distill-trivia-dev-scored.jsonl --out {models}/" in student
+    assert lines_with(result.stdout, "training.export", f"--out {models}/export/guarded")
+    assert not lines_with(dry_run("scale.sh", tmp_path).stdout, "distill")

@@ -35,8 +35,14 @@ STEPS=${STEPS:-1000}
 START=${START:-zero-shot}   # θ₀: a model name or folder (see above)
 DIM=${DIM:-0}              # the student's projection: 0 = none (START must then have none either)
 MINED_LIMIT=${MINED_LIMIT:-$((STEPS * 8))}   # questions the run consumes (one epoch at most)
+# DISTILL=1: also zero-shot MiniLM's own scores on 2,000 + 2,000 DPR NQ / TriviaQA dev questions that
+# are not the guard sets' (training.mined distill + training.teachers multivector): self-distillation
+# against forgetting. M: where students, mixes and exports go (the data stay in R), e.g.
+#   DISTILL=1 M=runs/big/distill bash training/scale.sh
+DISTILL=${DISTILL:-0}
+M=${M:-$R}
 RUN=${RUN:-}
-$RUN mkdir -p "$R"
+$RUN mkdir -p "$R" "$M"
 [ -s "$R/squad.jsonl" ] || $RUN python -m training.mined squad --out "$R/squad.jsonl" --heldout "$R/squad-heldout.jsonl" \
     --negatives 7 --mined 4 --mine-model zero-shot-128 --index "$R/train-index" --limit "$MINED_LIMIT"
 [ -s "$R/scifact.jsonl" ] || $RUN python -m training.mined scifact --out "$R/scifact.jsonl" --heldout "$R/scifact-heldout.jsonl" \
@@ -44,35 +50,44 @@ $RUN mkdir -p "$R"
 for part in squad scifact; do
   [ -s "$R/$part-labels.jsonl" ] || $RUN python -m training.teachers labels --data "$R/$part.jsonl" --out "$R/$part-labels.jsonl"
 done
-recipe=(--data "$R/squad-labels.jsonl" "$R/scifact-labels.jsonl@4" --init-model "$START" --layers 6 --dim "$DIM"
+recipe=(--init-model "$START" --layers 6 --dim "$DIM"
         --steps "$STEPS" --batch-size 8 --lr 1e-4 --warmup 0.05 --layer-lr-decay 0.8 --in-batch --seed 0
-        --device "${DEVICE:-cpu}")
+        --device "${DEVICE:-cpu}" --data "$R/squad-labels.jsonl" "$R/scifact-labels.jsonl@4")
 # Guard sets: DPR NQ / TriviaQA development questions, outside the training mix (training.mined guard)
 for topics in nq-dev trivia-dev; do
   [ -s "$R/guard-$topics.jsonl" ] || $RUN python -m training.mined guard --topics "$topics" --out "$R/guard-$topics.jsonl"
 done
+if [ "$DISTILL" = 1 ]; then
+  for topics in nq-dev trivia-dev; do
+    [ -s "$R/distill-$topics.jsonl" ] || $RUN python -m training.mined distill --topics "$topics" \
+        --exclude "$R/guard-$topics.jsonl" --limit 2000 --out "$R/distill-$topics.jsonl"
+    [ -s "$R/distill-$topics-scored.jsonl" ] || $RUN python -m training.teachers multivector --model zero-shot \
+        --data "$R/distill-$topics.jsonl" --out "$R/distill-$topics-scored.jsonl"
+    recipe+=("$R/distill-$topics-scored.jsonl")  # (--data is the array's last option)
+  done
+fi
 mix() {  # mix MODEL: WiSE-FT λ and then α, chosen on held-out train data, no more than 1 point below zero-shot
   local m=$1
-  local out="$R/choose-mix-$m-guarded.json"  # (a second `local`: the first's $m is not set while it expands)
-  [ -s "$out" ] || $RUN python -m training.choose_mix --start "$START" --tuned "$R/$m/final" \
+  local out="$M/choose-mix-$m-guarded.json"  # (a second `local`: the first's $m is not set while it expands)
+  [ -s "$out" ] || $RUN python -m training.choose_mix --start "$START" --tuned "$M/$m/final" \
       --held "squad=$R/squad-heldout.jsonl:0:500" --held "scifact=$R/scifact-heldout.jsonl" \
       --guard "nq=$R/guard-nq-dev.jsonl" --guard "trivia=$R/guard-trivia-dev.jsonl" \
       --reference zero-shot --out "$out"
   local lam="<λ chosen in $out>"
   [ -n "$RUN" ] || lam=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['best']['model'].split('=')[1])" "$out")
-  $RUN python -m training.interpolate --start "$START" --tuned "$R/$m/final" --mix "$lam" --out "$R/$m-guarded"
-  $RUN python -m training.choose_alpha --model "$R/$m-guarded" --data "$R/squad-heldout.jsonl" --skip 0 --limit 500 --write
+  $RUN python -m training.interpolate --start "$START" --tuned "$M/$m/final" --mix "$lam" --out "$M/$m-guarded"
+  $RUN python -m training.choose_alpha --model "$M/$m-guarded" --data "$R/squad-heldout.jsonl" --skip 0 --limit 500 --write
 }
 # The candidate is mixed and exported before the baseline trains: on the CPU that is a session
 # earlier to see whether it can beat zero-shot at all.
-[ -e "$R/agrame/final/agrame.json" ] || $RUN python -m training.student "${recipe[@]}" --out "$R/agrame" --sentence-marker "Q'"
+[ -e "$M/agrame/final/agrame.json" ] || $RUN python -m training.student "${recipe[@]}" --out "$M/agrame" --sentence-marker "Q'"
 # (if-blocks, not `||`: bash ignores set -e inside a function called on the left of && or ||)
-if [ ! -e "$R/export/guarded/delta.json" ]; then
+if [ ! -e "$M/export/guarded/delta.json" ]; then
   mix agrame
-  $RUN python -m training.export --model "$R/agrame-guarded" --out "$R/export/guarded"
+  $RUN python -m training.export --model "$M/agrame-guarded" --out "$M/export/guarded"
 fi
 if [ "${ONLY:-}" = agrame ]; then  # ONLY=agrame: stop at the candidate (measure it before the baseline trains)
   exit 0
 fi
-[ -e "$R/colbert/final/agrame.json" ] || $RUN python -m training.student "${recipe[@]}" --out "$R/colbert" --sentence-weight 0
+[ -e "$M/colbert/final/agrame.json" ] || $RUN python -m training.student "${recipe[@]}" --out "$M/colbert" --sentence-weight 0
 mix colbert  # cheap (minutes); repeated on a rerun like the stages before it
