@@ -95,4 +95,6 @@ def test_scale_distill_variant_keeps_guard_questions_out_and_its_models_apart(tm
     for student in lines_with(result.stdout, "training.student"):
         assert f"{big}/distill-nq-dev-scored.jsonl {big}/distill-trivia-dev-scored.jsonl --out {models}/" in student
     assert lines_with(result.stdout, "training.export", f"--out {models}/export/guarded")
-    assert not lines_with(dry_run("scale.sh", tmp_path).stdout, "distill")
+    plain = dry_run("scale.sh", tmp_path).stdout
+    assert not lines_with(plain, "mined distill") and not lines_with(plain, "multivector")
+    assert not lines_with(plain, "-scored.jsonl")
