@@ -2,6 +2,8 @@
 
     python -m training.teachers train --kind one-pass --data runs/train/squad-train.jsonl --out runs/teachers/one-pass
     python -m training.teachers evaluate --model runs/teachers/one-pass/final --limit 300
+    python -m training.teachers multivector --model zero-shot --data runs/big/distill-nq-dev.jsonl \
+        --out runs/big/distill-nq-dev-scored.jsonl   # self-distillation (no cross-encoder)
 
 Kinds (all fine-tuned from the MiniLM backbone):
 
