@@ -94,7 +94,7 @@ def test_scaled_section_checks_issue_13s_targets():
                                 run("atomic_facts", "propsegment-dev-wiki", "big-agrame", 50.0, 42.9)]}
     text = render_scaled(grouped)
     assert "| zero-shot MiniLM (the default today) | 77.8 / 66.2 | 66.5 / 42.8 | – | – | 50.7 / 43.8 |" in text
-    assert "| AGRaME, scaled, mixed without guard sets (λ = 1) | 78.0 / 72.0 | 64.0 / 49.0 |" in text
+    assert "| AGRaME, scaled from the 128-d start, mixed without guard sets (λ = 1) | 78.0 / 72.0 | 64.0 / 49.0 |" in text
     assert "Targets of `big-agrame`" in text and "Targets of `big-agrame-guarded`" not in text
     # nq-oracle's candidate ran on 50 questions, zero-shot on 100: no difference is drawn
     assert "| sentence P@1 − zero-shot (≥ +5) | +5.8 (met) | – |" in text
@@ -133,7 +133,8 @@ def test_scaled_section_checks_issue_13s_targets():
     text = render_scaled(grouped)
     guarded = text[text.index("Targets of `big-agrame-guarded`"):]
     assert "| sentence P@1 − zero-shot (≥ +5) | +5.3 (met) | – |" in guarded
-    assert "| **AGRaME, scaled** (WiSE-FT mixed under the guard sets; the candidate default) | 78.5 / 71.5 |" in text
+    assert ("| **AGRaME, scaled** (384-d start; WiSE-FT mixed under the guard sets; the candidate default) "
+            "| 78.5 / 71.5 |") in text
     assert render_scaled({"open_domain": grouped["open_domain"][:3]}) is None  # no scaled model measured yet
 
 
