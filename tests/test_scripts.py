@@ -98,3 +98,15 @@ def test_scale_distill_variant_keeps_guard_questions_out_and_its_models_apart(tm
     plain = dry_run("scale.sh", tmp_path).stdout
     assert not lines_with(plain, "mined distill") and not lines_with(plain, "multivector")
     assert not lines_with(plain, "-scored.jsonl")
+
+
+def test_scale_mix_reuses_earlier_mixes_but_not_its_own(tmp_path):
+    big = tmp_path / "big"
+    (big / "first-128").mkdir(parents=True)
+    (big / "first-128" / "choose-mix-agrame-guarded.json").write_text("{}\n")
+    (big / "choose-mix-agrame-guarded.partial").write_text("{}\n")
+    result = dry_run("scale.sh", tmp_path)
+    assert result.returncode == 0, result.stderr
+    (mix,) = lines_with(result.stdout, "training.choose_mix", "/agrame/final")
+    assert f"--reuse {big}/first-128/choose-mix-agrame-guarded.json --out" in mix
+    assert mix.count("--reuse") == 1

@@ -377,3 +377,39 @@ def test_multivector_teacher_scores_are_the_students_own(encoder, tmp_path):
             for j, value in enumerate(item["teacher_sentences"]):
                 if mask[b, p, j]:
                     assert value == pytest.approx(float(sentence[b, p, j]), abs=1e-3)
+
+
+def test_choose_mix_reuses_a_reference_row_measured_on_the_same_sets(tiny_model_dir, tmp_path, monkeypatch):
+    from training import choose_mix
+    from training.choose_mix import main, reusable_rows
+    from training.data import write_jsonl
+
+    r = record("bleach reefs warm water", [0, 1, 2])
+    r["passages"][0]["answer_sentences"] = [0]
+    held = tmp_path / "held.jsonl"
+    write_jsonl([r, r, r], held)
+    calls = []
+    real = choose_mix.evaluate
+    monkeypatch.setattr(choose_mix, "evaluate", lambda model, records: calls.append(1) or real(model, records))
+    common = ["--start", str(tiny_model_dir), "--tuned", str(tiny_model_dir), "--mix", "0", "1",
+              "--held", f"a={held}:1:2", "--reference", str(tiny_model_dir)]
+    first = tmp_path / "first.json"
+    main([*common, "--out", str(first)])
+    assert len(calls) == 3  # two mixes and the reference, one set each
+    second = tmp_path / "second.json"
+    main([*common, "--reuse", str(tmp_path / "missing.json"), "--reuse", str(first), "--out", str(second)])
+    assert len(calls) == 5  # the reference row came from the first result
+    a, b = json.loads(first.read_text()), json.loads(second.read_text())
+    assert b["reused"] == {str(tiny_model_dir): str(first)} and a["reused"] == {}
+    assert b["rows"][str(tiny_model_dir)] == a["rows"][str(tiny_model_dir)]
+    # other sets (a different window), a rewritten file or another model: measured again
+    main([*common[:-4], "--held", f"a={held}:0:2", "--reference", str(tiny_model_dir), "--reuse", str(first),
+          "--out", str(tmp_path / "third.json")])
+    assert len(calls) == 8
+    sets = {k: a[k] for k in ("held_out_files", "guard_files", "held_out", "set_fingerprints")}
+    assert reusable_rows(first, [str(tiny_model_dir)], sets)
+    assert not reusable_rows(first, [str(tiny_model_dir)], {**sets, "set_fingerprints": {"x": "1:2"}})
+    old = {k: v for k, v in a.items() if k not in ("reference_fingerprints", "set_fingerprints")}
+    (tmp_path / "old.json").write_text(json.dumps({**old, "rows": {**a["rows"], "zero-shot": {"a": {}}}}))
+    # a result from before fingerprints: a name is its own identity, a folder cannot be checked
+    assert list(reusable_rows(tmp_path / "old.json", [str(tiny_model_dir), "zero-shot"], sets)) == ["zero-shot"]

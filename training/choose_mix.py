@@ -22,6 +22,11 @@ points below the first reference's (at that reference's best α) — the issue's
 than zero-shot" on held-out data. The best admissible setting wins; if none is, the one
 whose worst guard deficit is smallest, and the result says so.
 
+``--reuse RESULT`` takes a ``--reference`` row from an earlier result that measured the same
+reference (same name, or same folder fingerprint) on the same ``--held``/``--guard`` sets (same
+specs, sizes and, where recorded, file fingerprints): zero-shot's row is ~10 minutes on a CPU
+and the same for every candidate. The result names the rows it reused.
+
 Each measured row is kept in ``OUT.partial`` as it finishes, so a run cut off (a CPU session's end)
 goes on from the next row; the rows are reused only for the same models and held-out sets.
 """
@@ -136,10 +141,34 @@ def fingerprint(spec: str) -> str:
                     for f in sorted(folder.iterdir()) if f.is_file())
 
 
+def fingerprint_file(spec: str) -> str:
+    """A ``NAME=FILE[:skip[:limit]]`` set's file (size, mtime): a set written again invalidates reuse."""
+    path = Path(spec.partition("=")[2].split(":")[0])
+    return f"{path.stat().st_size}:{path.stat().st_mtime_ns}" if path.is_file() else ""
+
+
 def _write_json(path: Path, value: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(value, indent=2) + "\n")
     tmp.replace(path)
+
+
+def reusable_rows(path: Path, references: Sequence[str], sets: dict) -> Dict[str, Dict[str, dict]]:
+    """The ``references`` rows of an earlier result ``path`` measured on the same ``sets`` (``held_out_files``,
+    ``guard_files``, ``held_out`` sizes and, where both record them, ``set_fingerprints``); {} if none."""
+    try:
+        saved = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(saved, dict) or any(saved.get(k) != v for k, v in sets.items() if k != "set_fingerprints"):
+        return {}
+    if saved.get("set_fingerprints", sets["set_fingerprints"]) != sets["set_fingerprints"]:
+        return {}
+    stored = saved.get("reference_fingerprints", {})
+    rows = saved.get("rows", {})
+    # A name (zero-shot) is its own identity; a folder must match the fingerprint the result recorded.
+    return {ref: rows[ref] for ref in references
+            if ref in rows and stored.get(ref, None if Path(ref).is_dir() else ref) == fingerprint(ref)}
 
 
 def measure_rows(measure: Dict[str, Callable[[], Dict[str, dict]]], partial: Path, signature: dict) -> Dict[str, Dict[str, dict]]:
@@ -174,6 +203,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--tolerance", type=float, default=1.0,
                         help="points a guard set may fall below the first reference (default 1)")
     parser.add_argument("--reference", action="append", default=[], help="models measured alike (e.g. zero-shot)")
+    parser.add_argument("--reuse", type=Path, action="append", default=[], metavar="RESULT",
+                        help="an earlier choose_mix result whose --reference rows on the same sets are taken "
+                             "instead of measured again (repeatable; others are ignored)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.guard and not args.reference:
@@ -201,8 +233,20 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     def reference(ref: str) -> Callable[[], Dict[str, dict]]:
         return on_held(lambda: load_model(ref))
 
+    sets = {"held_out_files": args.held, "guard_files": args.guard, "held_out": {n: len(r) for n, r in held},
+            "set_fingerprints": {spec: fingerprint_file(spec) for spec in args.held + args.guard}}
+    reused: Dict[str, str] = {}
+    reused_rows: Dict[str, Dict[str, dict]] = {}
+    for path in args.reuse:
+        for ref, row in reusable_rows(path, [r for r in args.reference if r not in reused], sets).items():
+            reused[ref], reused_rows[ref] = str(path), row
+            print(ref, "(reused from", path, ")", flush=True)
+
+    def reference_row(ref: str) -> Callable[[], Dict[str, dict]]:
+        return (lambda: reused_rows[ref]) if ref in reused else reference(ref)
+
     mix_names = [f"mix={mix:g}" for mix in args.mix]
-    measure = {**{n: mixed(m) for n, m in zip(mix_names, args.mix)}, **{ref: reference(ref) for ref in args.reference}}
+    measure = {**{n: mixed(m) for n, m in zip(mix_names, args.mix)}, **{ref: reference_row(ref) for ref in args.reference}}
     signature = {"start": fingerprint(args.start), "tuned": fingerprint(args.tuned), "held": args.held}
     if args.guard:  # (absent without guards: rows kept before --guard existed stay valid)
         signature["guard"] = args.guard
@@ -210,8 +254,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows = measure_rows(measure, partial, signature)
     mixes = {n: rows[n] for n in mix_names}
-    result = {"start": args.start, "tuned": args.tuned, "held_out": {n: len(r) for n, r in held},
-              "held_out_files": args.held, "guard_files": args.guard, "tolerance": args.tolerance,
+    result = {"start": args.start, "tuned": args.tuned, **sets, "tolerance": args.tolerance,
+              "reference_fingerprints": {ref: fingerprint(ref) for ref in args.reference}, "reused": reused,
               "rows": rows, "best": best_setting(mixes, guards, rows.get(args.reference[0]) if guards else None,
                                                  args.tolerance),
               "command": "python -m training.choose_mix " + " ".join(argv if argv is not None else __import__("sys").argv[1:])}

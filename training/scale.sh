@@ -69,10 +69,16 @@ fi
 mix() {  # mix MODEL: WiSE-FT λ and then α, chosen on held-out train data, no more than 1 point below zero-shot
   local m=$1
   local out="$M/choose-mix-$m-guarded.json"  # (a second `local`: the first's $m is not set while it expands)
+  # zero-shot's row is the same for every model mixed on these sets: taken from any earlier mix that has it
+  local -a reuse=()
+  local f
+  for f in "$R"/choose-mix-*-guarded.json "$R"/*/choose-mix-*-guarded.json; do
+    if [ -s "$f" ] && [ "$f" != "$out" ]; then reuse+=(--reuse "$f"); fi
+  done
   [ -s "$out" ] || $RUN python -m training.choose_mix --start "$START" --tuned "$M/$m/final" \
       --held "squad=$R/squad-heldout.jsonl:0:500" --held "scifact=$R/scifact-heldout.jsonl" \
       --guard "nq=$R/guard-nq-dev.jsonl" --guard "trivia=$R/guard-trivia-dev.jsonl" \
-      --reference zero-shot --out "$out"
+      --reference zero-shot ${reuse[@]+"${reuse[@]}"} --out "$out"
   local lam="<λ chosen in $out>"
   [ -n "$RUN" ] || lam=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['best']['model'].split('=')[1])" "$out")
   $RUN python -m training.interpolate --start "$START" --tuned "$M/$m/final" --mix "$lam" --out "$M/$m-guarded"
