@@ -193,59 +193,62 @@ def scifact_records(claims: Sequence[dict], negatives: int, depth: int = 50) -> 
 GUARD_TOPICS = ("nq-dev", "trivia-dev")
 
 
-def guard_records(questions: Sequence[Tuple[str, str, List[str]]], texts: Sequence[str], negatives: int,
-                  limit: int, depth: int = 50, batch: int = 256) -> Iterator[dict]:
-    """Up to ``limit`` records of (qid, question, answers) with an answer-holding BM25 passage."""
+def bm25_ranked(questions: Sequence[Tuple[str, str, List[str]]], texts: Sequence[str], depth: int,
+                batch: int = 256) -> Iterator[Tuple[Tuple[str, str, List[str]], List[int]]]:
+    """Each (qid, question, answers) with BM25's top ``depth`` indices into ``texts``; retrieved
+    ``batch`` questions at a time and only as far as the caller reads."""
     from benchmarks.bm25 import PoolBM25
-    from benchmarks.metrics import has_answer
 
     bm25 = PoolBM25(texts)
-    written = 0
     for b in range(0, len(questions), batch):
         part = questions[b:b + batch]
         docs, _ = bm25.retrieve([q for _, q, _ in part], k=min(depth, len(texts)))
-        for (qid, question, answers), row in zip(part, docs):
-            ranked = row.tolist()
-            holds = [has_answer(texts[d], answers) for d in ranked]
-            gold = next((d for d, h in zip(ranked, holds) if h), None)
-            negs = [d for d, h in zip(ranked, holds) if not h][:negatives]
-            if gold is None or len(negs) < negatives:
-                continue
-            spans = [list(sp) for sp in split_sentences(texts[gold])]
-            answer_sents = [k for k, (s, e) in enumerate(spans) if has_answer(texts[gold][s:e], answers)]
-            if not answer_sents:  # the answer straddles a sentence boundary
-                continue
-            passages = [{"pid": f"guard-{gold}", "text": texts[gold], "sentences": spans, "positive": True,
-                         "answer_sentences": answer_sents}]
-            passages += [{"pid": f"guard-{d}", "text": texts[d], "sentences": [list(sp) for sp in split_sentences(texts[d])],
-                          "positive": False, "answer_sentences": []} for d in negs]
-            yield {"qid": qid, "question": question, "answer": answers[0], "source": "guard", "passages": passages}
-            written += 1
-            if written >= limit:
-                return
+        for item, row in zip(part, docs):
+            yield item, row.tolist()
+
+
+def _guard_passage(texts: Sequence[str], d: int) -> dict:
+    return {"pid": f"guard-{d}", "text": texts[d], "sentences": [list(sp) for sp in split_sentences(texts[d])]}
+
+
+def guard_records(questions: Sequence[Tuple[str, str, List[str]]], texts: Sequence[str], negatives: int,
+                  limit: int, depth: int = 50, batch: int = 256) -> Iterator[dict]:
+    """Up to ``limit`` records of (qid, question, answers) with an answer-holding BM25 passage."""
+    from benchmarks.metrics import has_answer
+
+    written = 0
+    for (qid, question, answers), ranked in bm25_ranked(questions, texts, depth, batch):
+        holds = [has_answer(texts[d], answers) for d in ranked]
+        gold = next((d for d, h in zip(ranked, holds) if h), None)
+        negs = [d for d, h in zip(ranked, holds) if not h][:negatives]
+        if gold is None or len(negs) < negatives:
+            continue
+        spans = [list(sp) for sp in split_sentences(texts[gold])]
+        answer_sents = [k for k, (s, e) in enumerate(spans) if has_answer(texts[gold][s:e], answers)]
+        if not answer_sents:  # the answer straddles a sentence boundary
+            continue
+        passages = [{"pid": f"guard-{gold}", "text": texts[gold], "sentences": spans, "positive": True,
+                     "answer_sentences": answer_sents}]
+        passages += [dict(_guard_passage(texts, d), positive=False, answer_sentences=[]) for d in negs]
+        yield {"qid": qid, "question": question, "answer": answers[0], "source": "guard", "passages": passages}
+        written += 1
+        if written >= limit:
+            return
 
 
 def distill_records(questions: Sequence[Tuple[str, str, List[str]]], texts: Sequence[str], passages: int,
                     limit: int, batch: int = 256) -> Iterator[dict]:
     """Up to ``limit`` unlabelled records: each question with BM25's top ``passages`` texts (for a
     teacher that scores them all, ``training.teachers multivector``; no answer is consulted)."""
-    from benchmarks.bm25 import PoolBM25
-
-    bm25 = PoolBM25(texts)
     written = 0
-    for b in range(0, len(questions), batch):
-        part = questions[b:b + batch][: limit - written]
-        docs, _ = bm25.retrieve([q for _, q, _ in part], k=min(passages, len(texts)))
-        for (qid, question, _), row in zip(part, docs):
-            ranked = row.tolist()
-            if len(ranked) < passages:
-                continue
-            yield {"qid": qid, "question": question, "source": "distill",
-                   "passages": [{"pid": f"guard-{d}", "text": texts[d],
-                                 "sentences": [list(sp) for sp in split_sentences(texts[d])]} for d in ranked]}
-            written += 1
+    for (qid, question, _), ranked in bm25_ranked(questions, texts, passages, batch):
         if written >= limit:
             return
+        if len(ranked) < passages:
+            continue
+        yield {"qid": qid, "question": question, "source": "distill",
+               "passages": [_guard_passage(texts, d) for d in ranked]}
+        written += 1
 
 
 def dpr_questions(topics: str, seed: int) -> List[Tuple[str, str, List[str]]]:
