@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 
 
 def dry_run(script: str, runs: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if k not in ("START", "DIM", "ONLY", "STEPS", "DEVICE")}
+    environ = {k: v for k, v in os.environ.items() if k not in ("START", "DIM", "ONLY", "STEPS", "DEVICE", "DISTILL", "DISTILL_COPIES", "M", "RESULTS")}
     environ.update(RUN="echo", AGRAME_RUNS=str(runs), **env)
     return subprocess.run(["bash", str(ROOT / "training" / script), *args], env=environ, capture_output=True,
                           text=True, timeout=60)
@@ -73,7 +73,7 @@ def test_scale_skips_finished_stages(tmp_path):
 
 
 def test_scale_eval_dry_run_and_unknown_model(tmp_path):
-    result = dry_run("scale_eval.sh", tmp_path, "agrame")
+    result = dry_run("scale_eval.sh", tmp_path, "agrame", RESULTS=str(tmp_path / "results"))
     assert result.returncode == 0, result.stderr
     assert lines_with(result.stdout, "benchmarks.open_domain", f"--model {tmp_path}/big/export/guarded",
                       "--tag big-agrame-guarded")
@@ -93,7 +93,7 @@ def test_scale_distill_variant_keeps_guard_questions_out_and_its_models_apart(tm
         assert guard < distill and f"--exclude {big}/guard-{topics}.jsonl" in out[distill]
         assert lines_with(result.stdout, "teachers multivector --model zero-shot", f"distill-{topics}.jsonl")
     for student in lines_with(result.stdout, "training.student"):
-        assert f"{big}/distill-nq-dev-scored.jsonl {big}/distill-trivia-dev-scored.jsonl --out {models}/" in student
+        assert f"{big}/distill-nq-dev-scored.jsonl@2 {big}/distill-trivia-dev-scored.jsonl@2 --out {models}/" in student
     assert lines_with(result.stdout, "training.export", f"--out {models}/export/guarded")
     plain = dry_run("scale.sh", tmp_path).stdout
     assert not lines_with(plain, "mined distill") and not lines_with(plain, "multivector")

@@ -40,6 +40,10 @@ MINED_LIMIT=${MINED_LIMIT:-$((STEPS * 8))}   # questions the run consumes (one e
 # against forgetting. M: where students, mixes and exports go (the data stay in R), e.g.
 #   DISTILL=1 M=runs/big/distill bash training/scale.sh
 DISTILL=${DISTILL:-0}
+# Copies of each distill file in the mix: 2 puts ~2 of every batch's 8 questions on them (4,000 records
+# beside 23,997 SQuAD and 4 × 404 SciFact), 1 about one (a choice made before measuring; the mix
+# measures its effect on the guard sets).
+DISTILL_COPIES=${DISTILL_COPIES:-2}
 M=${M:-$R}
 RUN=${RUN:-}
 $RUN mkdir -p "$R" "$M"
@@ -63,7 +67,7 @@ if [ "$DISTILL" = 1 ]; then
         --exclude "$R/guard-$topics.jsonl" --limit 2000 --out "$R/distill-$topics.jsonl"
     [ -s "$R/distill-$topics-scored.jsonl" ] || $RUN python -m training.teachers multivector --model zero-shot \
         --data "$R/distill-$topics.jsonl" --out "$R/distill-$topics-scored.jsonl"
-    recipe+=("$R/distill-$topics-scored.jsonl")  # (--data is the array's last option)
+    recipe+=("$R/distill-$topics-scored.jsonl@$DISTILL_COPIES")  # (--data is the array's last option)
   done
 fi
 mix() {  # mix MODEL: WiSE-FT λ and then α, chosen on held-out train data, no more than 1 point below zero-shot
