@@ -19,7 +19,8 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 
 
 def dry_run(script: str, runs: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if k not in ("START", "DIM", "ONLY", "STEPS", "DEVICE", "DISTILL", "DISTILL_COPIES", "M", "RESULTS")}
+    knobs = ("START", "DIM", "ONLY", "STEPS", "DEVICE", "DISTILL", "DISTILL_COPIES", "M", "RESULTS")
+    environ = {k: v for k, v in os.environ.items() if k not in knobs}
     environ.update(RUN="echo", AGRAME_RUNS=str(runs), **env)
     return subprocess.run(["bash", str(ROOT / "training" / script), *args], env=environ, capture_output=True,
                           text=True, timeout=60)
