@@ -600,8 +600,7 @@ def render_scaled(grouped: Dict[str, List[dict]]) -> str | None:
         out += ["", f"| out of domain: `{cand}` − zero-shot (each ≥ −1) | points |", "|---|---:|"]
         for col, key, name in SCALED_OOD:
             out.append(f"| {name} | {_gap(value(cand, col, key), value('zero-shot', col, key), -1)} |")
-    for cand in measured:
-        out += _citation_f1(grouped.get("citation", []), ("zero-shot", cand))
+    out += _citation_f1(grouped.get("citation", []), ("zero-shot", *measured))  # one table, candidates side by side
     used = [r for r in cells.values() if r is not None]
     out += ["", _provenance(used)]
     return "\n".join(out)
