@@ -93,8 +93,11 @@ def test_scale_distill_variant_keeps_guard_questions_out_and_its_models_apart(tm
         distill = next(i for i, line in enumerate(out) if f"mined distill --topics {topics}" in line)
         assert guard < distill and f"--exclude {big}/guard-{topics}.jsonl" in out[distill]
         assert lines_with(result.stdout, "teachers multivector --model zero-shot", f"distill-{topics}.jsonl")
+    claims = lines_with(result.stdout, "mined distill --topics wiki-claims")
+    assert len(claims) == 1 and "--exclude" not in claims[0]  # statements are no guard set's questions
+    scored = " ".join(f"{big}/distill-{t}-scored.jsonl@1" for t in ("nq-dev", "trivia-dev", "wiki-claims"))
     for student in lines_with(result.stdout, "training.student"):
-        assert f"{big}/distill-nq-dev-scored.jsonl@2 {big}/distill-trivia-dev-scored.jsonl@2 --out {models}/" in student
+        assert f"{scored} --out {models}/" in student
     assert lines_with(result.stdout, "training.export", f"--out {models}/export/guarded")
     plain = dry_run("scale.sh", tmp_path).stdout
     assert not lines_with(plain, "mined distill") and not lines_with(plain, "multivector")

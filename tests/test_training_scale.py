@@ -357,6 +357,28 @@ def test_distill_records_are_bm25s_top_passages_unlabelled(tmp_path):
     assert exit_.value.code == 2 and not (tmp_path / "never.jsonl").exists()
 
 
+def test_claim_distillation_leaves_each_statements_own_lead_out():
+    from training.mined import distill_records, lead_claims
+
+    leads = ["Paris is the capital and largest city of France. Tiny.",
+             "Short one. The Seine flows through Paris and into the English Channel at Le Havre.",
+             "Too short to query."]
+    corpus = ["Rome is in Italy.", "The capital of France is Paris, on the Seine.", *leads]
+    claims, own = lead_claims(leads, seed=0, offset=2)
+    assert sorted(claims) == [("wiki-claims-0", "Paris is the capital and largest city of France.", []),
+                              ("wiki-claims-1", "The Seine flows through Paris and into the English Channel at "
+                                                "Le Havre.", [])]
+    assert own == {"wiki-claims-0": 2, "wiki-claims-1": 3}
+    out = list(distill_records(claims, corpus, passages=3, limit=5, own=own))
+    assert len(out) == 2
+    for r in out:
+        texts = [p["text"] for p in r["passages"]]
+        assert len(texts) == 3 and corpus[own[r["qid"]]] not in texts
+        assert texts[0] == corpus[1]  # the other text about Paris and the Seine ranks first once its own is gone
+    # without ``own`` a statement finds its own lead first
+    assert all(r["passages"][0]["text"] == corpus[own[r["qid"]]] for r in distill_records(claims, corpus, 3, 5))
+
+
 def test_multivector_teacher_scores_are_the_students_own(encoder, tmp_path):
     """Self-distillation from the model training starts at: the teacher's logits are the student's
     scores at step 0 (passages with [Q], sentences with [Q'])."""

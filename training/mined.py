@@ -27,7 +27,8 @@ negatives), so ``python -m training.teachers labels`` and the student read them 
   passages of the same corpus; ``training.teachers multivector --model zero-shot`` scores them,
   so that the student keeps zero-shot's ranking of non-SQuAD questions (the issue's third guard
   against forgetting). Answer-matched labels are no teacher here: on the guard set most
-  "positives" merely contain the answer string.
+  "positives" merely contain the answer string. ``--topics wiki-claims``: statements instead of
+  questions, one sentence of each Wikipedia lead, its own lead left out of the candidates.
 - **SciFact train** (claims with rationales): the first cited abstract with rationales is
   the positive, its rationale sentences the "answer sentences"; negatives are BM25's top
   abstracts with no rationale for the claim. Sentences are the dataset's own. Claims are held
@@ -237,18 +238,44 @@ def guard_records(questions: Sequence[Tuple[str, str, List[str]]], texts: Sequen
 
 
 def distill_records(questions: Sequence[Tuple[str, str, List[str]]], texts: Sequence[str], passages: int,
-                    limit: int, batch: int = 256) -> Iterator[dict]:
+                    limit: int, batch: int = 256, own: Optional[Dict[str, int]] = None) -> Iterator[dict]:
     """Up to ``limit`` unlabelled records: each question with BM25's top ``passages`` texts (for a
-    teacher that scores them all, ``training.teachers multivector``; no answer is consulted)."""
+    teacher that scores them all, ``training.teachers multivector``; no answer is consulted).
+    ``own``: qid → the index of the text a query was taken from, left out of its candidates."""
+    own = own or {}
     written = 0
-    for (qid, question, _), ranked in bm25_ranked(questions, texts, passages, batch):
+    for (qid, question, _), ranked in bm25_ranked(questions, texts, passages + bool(own), batch):
         if written >= limit:
             return
+        ranked = [d for d in ranked if d != own.get(qid)][:passages]
         if len(ranked) < passages:
             continue
         yield {"qid": qid, "question": question, "source": "distill",
                "passages": [_guard_passage(texts, d) for d in ranked]}
         written += 1
+
+
+CLAIM_TOPICS = "wiki-claims"  # declarative queries: one sentence of each Wikipedia lead
+
+
+def lead_claims(leads: Sequence[str], seed: int, offset: int,
+                min_words: int = 8) -> Tuple[List[Tuple[str, str, List[str]]], Dict[str, int]]:
+    """One sentence of at least ``min_words`` words from each lead, as a query (qid
+    ``wiki-claims-<line>``), shuffled by ``seed``; and qid → its lead's index in a corpus where the
+    leads start at ``offset`` (``guard_corpus``), so that its own lead is no candidate.
+
+    Why: the dev sets the question-trained student loses on out of domain (atomic facts, citation)
+    query with statements, not questions; zero-shot's scores for statements are kept this way."""
+    rng = random.Random(seed)
+    claims, own = [], {}
+    for i, text in enumerate(leads):
+        long = [text[a:b] for a, b in split_sentences(text) if len(text[a:b].split()) >= min_words]
+        if long:
+            qid = f"{CLAIM_TOPICS}-{i}"
+            claims.append((qid, rng.choice(long), []))
+            own[qid] = offset + i
+    rng.shuffle(claims)
+    return claims, own
 
 
 def dpr_questions(topics: str, seed: int) -> List[Tuple[str, str, List[str]]]:
@@ -263,12 +290,17 @@ def dpr_questions(topics: str, seed: int) -> List[Tuple[str, str, List[str]]]:
 
 def guard_corpus() -> List[str]:
     """SQuAD train paragraphs and the Wikipedia leads: Wikipedia text of no reported split."""
-    from benchmarks.common import data_dir, squad_paragraphs
+    from benchmarks.common import squad_paragraphs
 
-    texts = [p["context"] for p in squad_paragraphs("train")]
+    return [p["context"] for p in squad_paragraphs("train")] + wiki_leads()
+
+
+def wiki_leads() -> List[str]:
+    """The Wikipedia lead paragraphs (../shared/data/wiki-leads), in file order."""
+    from benchmarks.common import data_dir
+
     with open(data_dir() / "wiki-leads" / "leads.jsonl", encoding="utf-8") as f:
-        texts += [json.loads(line)["text"] for line in f]
-    return texts
+        return [json.loads(line)["text"] for line in f]
 
 
 def unseen(heldout: Iterable[dict], train: Iterable[dict]) -> List[dict]:
@@ -327,9 +359,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     gd.add_argument("--limit", type=int, default=500, help="records written")
     gd.add_argument("--negatives", type=int, default=7)
     gd.add_argument("--seed", type=int, default=0)
-    ds = sub.add_parser("distill", help="unlabelled DPR NQ / TriviaQA dev questions with BM25 passages, for a "
-                                        "self-distillation teacher (the guard sets' questions excluded)")
-    ds.add_argument("--topics", choices=GUARD_TOPICS, required=True)
+    ds = sub.add_parser("distill", help="unlabelled DPR NQ / TriviaQA dev questions (the guard sets' excluded), or "
+                                        "sentences of the Wikipedia leads as statements (wiki-claims), with BM25 "
+                                        "passages, for a self-distillation teacher")
+    ds.add_argument("--topics", choices=(*GUARD_TOPICS, CLAIM_TOPICS), required=True)
     ds.add_argument("--exclude", type=Path, action="append", default=[],
                     help="records whose questions (qid) must not be used, e.g. the guard set (repeatable)")
     ds.add_argument("--out", type=Path, required=True)
@@ -360,8 +393,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             if not path.is_file():
                 parser.error(f"--exclude {path}: no such file")
         excluded = {r["qid"] for path in args.exclude for r in read(path)}
-        questions = [q for q in dpr_questions(args.topics, args.seed) if q[0] not in excluded]
-        n = write_jsonl(distill_records(questions, guard_corpus(), 1 + args.negatives, args.limit), args.out)
+        corpus, own = guard_corpus(), None
+        if args.topics == CLAIM_TOPICS:
+            leads = wiki_leads()
+            questions, own = lead_claims(leads, args.seed, offset=len(corpus) - len(leads))  # the corpus ends with them
+        else:
+            questions = dpr_questions(args.topics, args.seed)
+        questions = [q for q in questions if q[0] not in excluded]
+        n = write_jsonl(distill_records(questions, corpus, 1 + args.negatives, args.limit, own=own), args.out)
         print(f"wrote {n} {args.topics} questions ({len(excluded)} excluded) to {args.out}")
         return
     if args.source == "unseen":

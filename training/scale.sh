@@ -36,14 +36,15 @@ START=${START:-zero-shot}   # θ₀: a model name or folder (see above)
 DIM=${DIM:-0}              # the student's projection: 0 = none (START must then have none either)
 MINED_LIMIT=${MINED_LIMIT:-$((STEPS * 8))}   # questions the run consumes (one epoch at most)
 # DISTILL=1: also zero-shot MiniLM's own scores on 2,000 + 2,000 DPR NQ / TriviaQA dev questions that
-# are not the guard sets' (training.mined distill + training.teachers multivector): self-distillation
-# against forgetting. M: where students, mixes and exports go (the data stay in R), e.g.
+# are not the guard sets', and on 2,000 statements (sentences of the Wikipedia leads, as atomic facts and
+# citation query; training.mined distill + training.teachers multivector): self-distillation against
+# forgetting. M: where students, mixes and exports go (the data stay in R), e.g.
 #   DISTILL=1 M=runs/big/distill bash training/scale.sh
 DISTILL=${DISTILL:-0}
-# Copies of each distill file in the mix: 2 puts ~2 of every batch's 8 questions on them (4,000 records
-# beside 23,997 SQuAD and 4 × 404 SciFact), 1 about one (a choice made before measuring; the mix
-# measures its effect on the guard sets).
-DISTILL_COPIES=${DISTILL_COPIES:-2}
+# Copies of each distill file in the mix: 1 puts ~1.5 of every batch's 8 questions on them (6,000 records
+# beside 23,997 SQuAD and 4 × 404 SciFact; 2: ~2.5, at the cost of SQuAD questions). A choice made before
+# measuring; the mix measures its effect on the guard sets.
+DISTILL_COPIES=${DISTILL_COPIES:-1}
 M=${M:-$R}
 RUN=${RUN:-}
 $RUN mkdir -p "$R" "$M"
@@ -62,9 +63,11 @@ for topics in nq-dev trivia-dev; do
   [ -s "$R/guard-$topics.jsonl" ] || $RUN python -m training.mined guard --topics "$topics" --out "$R/guard-$topics.jsonl"
 done
 if [ "$DISTILL" = 1 ]; then
-  for topics in nq-dev trivia-dev; do
+  for topics in nq-dev trivia-dev wiki-claims; do
+    exclude=()  # the guard sets' questions (statements have none)
+    [ "$topics" = wiki-claims ] || exclude=(--exclude "$R/guard-$topics.jsonl")
     [ -s "$R/distill-$topics.jsonl" ] || $RUN python -m training.mined distill --topics "$topics" \
-        --exclude "$R/guard-$topics.jsonl" --limit 2000 --out "$R/distill-$topics.jsonl"
+        "${exclude[@]}" --limit 2000 --out "$R/distill-$topics.jsonl"
     [ -s "$R/distill-$topics-scored.jsonl" ] || $RUN python -m training.teachers multivector --model zero-shot \
         --data "$R/distill-$topics.jsonl" --out "$R/distill-$topics-scored.jsonl"
     recipe+=("$R/distill-$topics-scored.jsonl@$DISTILL_COPIES")  # (--data is the array's last option)
