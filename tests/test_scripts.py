@@ -79,6 +79,9 @@ def test_scale_eval_dry_run_and_unknown_model(tmp_path):
     assert lines_with(result.stdout, "benchmarks.open_domain", f"--model {tmp_path}/big/export/guarded",
                       "--tag big-agrame-guarded")
     assert lines_with(result.stdout, "benchmarks.citation", "--tag big-agrame-guarded")
+    distill = dry_run("scale_eval.sh", tmp_path, "agrame-distill", RESULTS=str(tmp_path / "results")).stdout
+    assert lines_with(distill, "benchmarks.citation", f"--model {tmp_path}/big/distill/export/guarded",
+                      "--tag big-agrame-distill")
     bad = dry_run("scale_eval.sh", tmp_path, "nonsense")
     assert bad.returncode == 2 and "unknown model 'nonsense'" in bad.stderr
 
