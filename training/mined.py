@@ -224,12 +224,11 @@ def guard_records(questions: Sequence[Tuple[str, str, List[str]]], texts: Sequen
         negs = [d for d, h in zip(ranked, holds) if not h][:negatives]
         if gold is None or len(negs) < negatives:
             continue
-        spans = [list(sp) for sp in split_sentences(texts[gold])]
-        answer_sents = [k for k, (s, e) in enumerate(spans) if has_answer(texts[gold][s:e], answers)]
+        positive = _guard_passage(texts, gold)
+        answer_sents = [k for k, (s, e) in enumerate(positive["sentences"]) if has_answer(texts[gold][s:e], answers)]
         if not answer_sents:  # the answer straddles a sentence boundary
             continue
-        passages = [{"pid": f"guard-{gold}", "text": texts[gold], "sentences": spans, "positive": True,
-                     "answer_sentences": answer_sents}]
+        passages = [dict(positive, positive=True, answer_sentences=answer_sents)]
         passages += [dict(_guard_passage(texts, d), positive=False, answer_sentences=[]) for d in negs]
         yield {"qid": qid, "question": question, "answer": answers[0], "source": "guard", "passages": passages}
         written += 1
@@ -244,6 +243,7 @@ def distill_records(questions: Sequence[Tuple[str, str, List[str]]], texts: Sequ
     ``own``: qid → the index of the text a query was taken from, left out of its candidates."""
     own = own or {}
     written = 0
+    # one more when a query's own text may be among BM25's top ones (it is then dropped)
     for (qid, question, _), ranked in bm25_ranked(questions, texts, passages + bool(own), batch):
         if written >= limit:
             return
