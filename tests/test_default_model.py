@@ -103,3 +103,25 @@ def test_student_without_projection_round_trips(tmp_path):
     student.save(tmp_path / "s")
     loaded = load_encoder(tmp_path / "s")
     assert loaded.projection is None and loaded.dim == 384
+
+
+@pytest.mark.slow
+def test_unmarked_student_ranks_passages_as_zero_shot(tmp_path):
+    """``--query-marker none``: before training, the student's passage queries and passages are
+    zero-shot MiniLM's own vectors (the mix's λ = 0 is then zero-shot, not zero-shot plus an
+    untrained [Q]); sentence queries keep [Q']. Saved and loaded, the marker stays off."""
+    from agrame.encoder import load_encoder
+    from training.student import start_from, student_encoder
+
+    zero_shot = load_encoder("zero-shot")
+    question, passage = "what causes coral bleaching", "Coral bleaches when the water is too warm."
+    for marker, same in ((None, True), ("[unused0]", False)):
+        student = student_encoder(0, False, 256, query_marker=marker)
+        start_from(student, zero_shot)
+        student.save(tmp_path / str(marker))
+        loaded = load_encoder(tmp_path / str(marker))
+        assert (loaded.marker_id("Q") is None) == same and loaded.marker_id("Q'") is not None
+        q, z = loaded.encode_query(question, "Q").vectors, zero_shot.encode_query(question, "Q").vectors
+        assert (q.shape == z.shape and torch.allclose(q, z, atol=1e-5)) == same
+        assert torch.allclose(loaded.encode_passages([passage])[0].vectors,
+                              zero_shot.encode_passages([passage])[0].vectors, atol=1e-5)

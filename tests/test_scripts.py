@@ -36,7 +36,7 @@ def test_scale_runs_every_stage_from_the_384d_start(tmp_path):
     out, big = result.stdout, tmp_path / "big"
     students = lines_with(out, "training.student")
     assert len(students) == 2
-    assert all("--init-model zero-shot --layers 6 --dim 0" in s for s in students)
+    assert all("--init-model zero-shot --layers 6 --dim 0 --query-marker none" in s for s in students)
     assert f"--out {big}/agrame --sentence-marker Q'" in students[0]
     assert f"--out {big}/colbert --sentence-weight 0" in students[1]
     for model in ("agrame", "colbert"):
@@ -50,13 +50,22 @@ def test_scale_runs_every_stage_from_the_384d_start(tmp_path):
 
 
 def test_scale_start_is_selectable_and_only_agrame_stops_before_the_baseline(tmp_path):
-    result = dry_run("scale.sh", tmp_path, START="zero-shot-128", DIM="128", ONLY="agrame", STEPS="300")
+    result = dry_run("scale.sh", tmp_path, START="zero-shot-128", DIM="128", ONLY="agrame", STEPS="300",
+                     QUERY_MARKER="Q")
     assert result.returncode == 0, result.stderr
     (student,) = lines_with(result.stdout, "training.student")
-    assert "--init-model zero-shot-128 --layers 6 --dim 128 --steps 300" in student
+    assert "--init-model zero-shot-128 --layers 6 --dim 128 --query-marker Q --steps 300" in student
     assert lines_with(result.stdout, "training.choose_mix", "--start zero-shot-128")
     assert "--limit 2400" in lines_with(result.stdout, "training.mined squad")[0]
     assert not lines_with(result.stdout, "colbert")
+
+
+def test_scale_only_data_stops_before_any_student(tmp_path):
+    result = dry_run("scale.sh", tmp_path, ONLY="data", DISTILL="1")
+    assert result.returncode == 0, result.stderr
+    assert len(lines_with(result.stdout, "training.mined distill")) == 3
+    assert len(lines_with(result.stdout, "training.teachers")) == 5
+    assert not lines_with(result.stdout, "training.student") and not lines_with(result.stdout, "choose_mix")
 
 
 def test_scale_skips_finished_stages(tmp_path):

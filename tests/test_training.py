@@ -30,7 +30,9 @@ def encoder(marked_encoder):
     return marked_encoder
 
 
-def test_student_scores_equal_the_ranker(encoder):
+@pytest.mark.parametrize("passage_marker", ["[unused0]", None])  # None: training.student --query-marker none
+def test_student_scores_equal_the_ranker(encoder, passage_marker):
+    encoder = encoder.with_settings(markers={**encoder.settings.markers, "Q": passage_marker})
     batch = [record("why do reefs bleach", [0, 1, 2]), record("who built the tower in 1889", [2, 3, 0])]
     scorer = StudentScorer(encoder, "Q'").eval()
     with torch.no_grad():

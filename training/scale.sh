@@ -4,6 +4,7 @@
 #   bash training/scale.sh                   # 1,000 steps of ~9 s on 2 CPU cores (~2.5 h a model; README, Scaling up)
 #   STEPS=300 bash training/scale.sh         # a shorter run (the data are mined for STEPS × 8 questions)
 #   ONLY=agrame bash training/scale.sh       # the candidate only: student, mix, export (then scale_eval.sh agrame)
+#   ONLY=data bash training/scale.sh         # the data, mined and labelled, and nothing after
 #   RUN=echo bash training/scale.sh          # print the stages still to run, run nothing (tests/test_scripts.py)
 # DEVICE=cuda puts the students on a GPU (training.student --device; untried: no device has been
 # lent to this project yet; checkpoints are device-free, so a run may move between CPU and GPU).
@@ -55,7 +56,12 @@ $RUN mkdir -p "$R" "$M"
 for part in squad scifact; do
   [ -s "$R/$part-labels.jsonl" ] || $RUN python -m training.teachers labels --data "$R/$part.jsonl" --out "$R/$part-labels.jsonl"
 done
-recipe=(--init-model "$START" --layers 6 --dim "$DIM"
+# QUERY_MARKER=none (since the distill candidate): passage queries unmarked, as zero-shot encodes them, so
+# that the mix's λ = 0 ranks passages exactly as zero-shot; with [Q] (QUERY_MARKER=Q, how big-agrame-guarded
+# was trained) the untrained marker alone cost 2 points of NQ-guard passage P@1 at λ = 0
+# (training/results/README.md). Sentence queries keep [Q'].
+QUERY_MARKER=${QUERY_MARKER:-none}
+recipe=(--init-model "$START" --layers 6 --dim "$DIM" --query-marker "$QUERY_MARKER"
         --steps "$STEPS" --batch-size 8 --lr 1e-4 --warmup 0.05 --layer-lr-decay 0.8 --in-batch --seed 0
         --device "${DEVICE:-cpu}" --data "$R/squad-labels.jsonl" "$R/scifact-labels.jsonl@4")
 # Guard sets: DPR NQ / TriviaQA development questions, outside the training mix (training.mined guard)
@@ -72,6 +78,9 @@ if [ "$DISTILL" = 1 ]; then
         --data "$R/distill-$topics.jsonl" --out "$R/distill-$topics-scored.jsonl"
     recipe+=("$R/distill-$topics-scored.jsonl@$DISTILL_COPIES")  # (--data is the array's last option)
   done
+fi
+if [ "${ONLY:-}" = data ]; then  # ONLY=data: the data only (e.g. mined while the recipe is still being changed)
+  exit 0
 fi
 mix() {  # mix MODEL: WiSE-FT λ and then α, chosen on held-out train data, no more than 1 point below zero-shot
   local m=$1

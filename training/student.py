@@ -32,10 +32,17 @@ from agrame.spans import token_segments
 from .losses import MultiGranularKLLoss
 
 
-def student_encoder(dim: Optional[int], query_augmentation: bool, doc_maxlen: int) -> Encoder:
-    """MiniLM with AGRaME markers and (optionally) a new projection, before training."""
+def student_encoder(dim: Optional[int], query_augmentation: bool, doc_maxlen: int,
+                    query_marker: Optional[str] = DEFAULT_MARKERS["Q"]) -> Encoder:
+    """MiniLM with AGRaME markers and (optionally) a new projection, before training.
+
+    ``query_marker`` is the token of the passage queries' marker [Q]; None encodes them as
+    zero-shot MiniLM does (no marker), so that the start of a mix ranks passages exactly as
+    zero-shot: an untrained [Q] alone cost 2 points of passage P@1 on the NQ guard set
+    (training/results/README.md, the 384-d candidate's λ = 0)."""
     base = load_encoder(ZERO_SHOT)  # never the shipped default: training starts from MiniLM
-    settings = EncoderSettings(dim=dim or None, doc_maxlen=doc_maxlen, markers=dict(DEFAULT_MARKERS),
+    markers = {**DEFAULT_MARKERS, "Q": query_marker}
+    settings = EncoderSettings(dim=dim or None, doc_maxlen=doc_maxlen, markers=markers,
                                span_query_marker="Q'", query_augmentation=query_augmentation)
     projection = nn.Linear(base.dim, dim, bias=False) if dim else None
     return Encoder(base.backbone, base.tokenizer, settings, projection, source="agrame-student")
@@ -299,6 +306,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--rank-marker", choices=("Q", "Q'"), default=None,
                         help="marker the saved model ranks sub-units with (default: the training one; "
                              "Q after training with Q' is ablation A2)")
+    parser.add_argument("--query-marker", choices=("Q", "none"), default="Q",
+                        help="passage queries' marker: Q (ColBERT's and AGRaME's [Q]) or none (zero-shot "
+                             "MiniLM's own query encoding: with --init-model zero-shot --dim 0 the untrained "
+                             "student ranks passages exactly as zero-shot)")
     parser.add_argument("--weighting", choices=("softmax", "sigmoid"), default="softmax")
     parser.add_argument("--sentence-weight", type=float, default=1.0, help="0: passage loss only (ColBERT)")
     parser.add_argument("--layers", type=int, default=2, help="top transformer layers tuned")
@@ -333,7 +344,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         args.sentence_marker = "Q"
     torch.manual_seed(args.seed)
     examples = read_mixture(args.data)
-    encoder = student_encoder(args.dim, args.query_augmentation, args.doc_maxlen)
+    encoder = student_encoder(args.dim, args.query_augmentation, args.doc_maxlen,
+                              None if args.query_marker == "none" else DEFAULT_MARKERS["Q"])
     out = Path(args.out)
     if args.init_model:
         start_from(encoder, load_encoder(args.init_model))
