@@ -136,6 +136,16 @@ def test_scaled_section_checks_issue_13s_targets():
     assert ("| **AGRaME, scaled** (384-d start; WiSE-FT mixed under the guard sets; the candidate default) "
             "| 78.5 / 71.5 |") in text
     assert render_scaled({"open_domain": grouped["open_domain"][:3]}) is None  # no scaled model measured yet
+    # the distilled candidate is held against the passage-only model trained on its own data
+    grouped["open_domain"] += [run("open_domain", "squad-dev", "big-agrame-distill", 78.0, 70.0),
+                               run("open_domain", "squad-dev", "big-colbert-distill", 78.5, 66.0)]
+    text = render_scaled(grouped)
+    distill = text[text.index("Targets of `big-agrame-distill`"):]
+    assert "passage loss only: `big-colbert-distill`" in distill
+    assert "| sentence P@1 − passage loss only (≥ +3) | +4.0 (met) | – |" in distill
+    assert "| passage P@1 − passage loss only (≥ −1) | -0.5 (met) | – |" in distill
+    guarded = text[text.index("Targets of `big-agrame-guarded`"):text.index("Targets of `big-agrame-distill`")]
+    assert "| sentence P@1 − passage loss only (≥ +3) | +3.5 (met) | – |" in guarded  # still big-colbert's
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is Linux's")

@@ -91,6 +91,10 @@ def test_scale_eval_dry_run_and_unknown_model(tmp_path):
     distill = dry_run("scale_eval.sh", tmp_path, "agrame-distill", RESULTS=str(tmp_path / "results")).stdout
     assert lines_with(distill, "benchmarks.citation", f"--model {tmp_path}/big/distill/export/guarded",
                       "--tag big-agrame-distill")
+    baseline = dry_run("scale_eval.sh", tmp_path, "colbert-distill", RESULTS=str(tmp_path / "results")).stdout
+    assert lines_with(baseline, "benchmarks.open_domain", f"--model {tmp_path}/big/distill/colbert-guarded",
+                      "--tag big-colbert-distill")
+    assert not lines_with(baseline, "benchmarks.citation")  # the suite only, as for big-colbert
     bad = dry_run("scale_eval.sh", tmp_path, "nonsense")
     assert bad.returncode == 2 and "unknown model 'nonsense'" in bad.stderr
 

@@ -7,6 +7,7 @@
 #                       in big/first-128 since the start changed)                     (`agrame-unguarded`)
 #   big-colbert         the passage-loss-only baseline, trained and mixed like the candidate (`colbert`)
 #   big-agrame-distill  the candidate trained with self-distillation, DISTILL=1 M=$R/distill (`agrame-distill`)
+#   big-colbert-distill its passage-loss-only baseline on the same data (`colbert-distill`)
 # Open domain: squad-dev 2,000 questions (seed 0), nq-oracle all 2,655, EntityQuestions 1,000 (seed 0),
 # BM25 top 100 re-ranked; SciFact dev (with the subset of claims on abstracts SciFact train did not
 # teach, for zero-shot too) and the atomic facts whole; citation (ExpertQA rand_val /
@@ -61,7 +62,10 @@ for what in ${*:-agrame colbert}; do
     agrame-unguarded) candidate big-agrame "$R/first-128/export/default" ;;
     colbert) bench big-colbert "$R/colbert-guarded" ;;
     agrame-distill) candidate big-agrame-distill "$R/distill/export/guarded" ;;
-    *) echo "scale_eval: unknown model '$what' (agrame, agrame-unguarded, agrame-distill, colbert)" >&2; exit 2 ;;
+    # its passage-loss-only baseline, the same data (DISTILL=1 M=$R/distill bash training/scale.sh, without ONLY)
+    colbert-distill) bench big-colbert-distill "$R/distill/colbert-guarded" ;;
+    *) echo "scale_eval: unknown model '$what' (agrame, agrame-unguarded, agrame-distill, colbert, colbert-distill)" >&2
+       exit 2 ;;
   esac
 done
 $RUN python -m benchmarks.report
