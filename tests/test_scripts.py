@@ -56,7 +56,9 @@ def test_scale_start_is_selectable_and_only_agrame_stops_before_the_baseline(tmp
     (student,) = lines_with(result.stdout, "training.student")
     assert "--init-model zero-shot-128 --layers 6 --dim 128 --query-marker Q --steps 300" in student
     assert lines_with(result.stdout, "training.choose_mix", "--start zero-shot-128")
-    assert "--limit 2400" in lines_with(result.stdout, "training.mined squad")[0]
+    assert "--limit 24000" in lines_with(result.stdout, "training.mined squad")[0]  # the pool, not STEPS × 8
+    longer = dry_run("scale.sh", tmp_path, STEPS="5000", ONLY="data")
+    assert "--limit 40000" in lines_with(longer.stdout, "training.mined squad")[0]
     assert not lines_with(result.stdout, "colbert")
 
 

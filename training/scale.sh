@@ -2,7 +2,7 @@
 # The scaled recipe of issue 13 (README, Training): every step resumes, so the same command
 # continues after an interruption (on this CPU, across sessions).
 #   bash training/scale.sh                   # 1,000 steps of ~9 s on 2 CPU cores (~2.5 h a model; README, Scaling up)
-#   STEPS=300 bash training/scale.sh         # a shorter run (the data are mined for STEPS × 8 questions)
+#   STEPS=300 bash training/scale.sh         # a shorter run (the data: max(STEPS × 8, 24,000) questions mined)
 #   ONLY=agrame bash training/scale.sh       # the candidate only: student, mix, export (then scale_eval.sh agrame)
 #   ONLY=data bash training/scale.sh         # the data, mined and labelled, and nothing after
 #   RUN=echo bash training/scale.sh          # print the stages still to run, run nothing (tests/test_scripts.py)
@@ -35,7 +35,10 @@ R=${AGRAME_RUNS:-runs}/big
 STEPS=${STEPS:-1000}
 START=${START:-zero-shot}   # θ₀: a model name or folder (see above)
 DIM=${DIM:-0}              # the student's projection: 0 = none (START must then have none either)
-MINED_LIMIT=${MINED_LIMIT:-$((STEPS * 8))}   # questions the run consumes (one epoch at most)
+# SQuAD questions mined: what the run consumes (STEPS × 8), and at least 24,000 — the pool both earlier
+# candidates drew their 8,000 from (mined when STEPS defaulted to 3,000). The pool's size sets the mixture's
+# shares (SciFact ×4 ~5% and DISTILL ~19% of a batch beside 24,000; ~10% and ~38% beside 8,000).
+MINED_LIMIT=${MINED_LIMIT:-$((STEPS * 8 > 24000 ? STEPS * 8 : 24000))}
 # DISTILL=1: also zero-shot MiniLM's own scores on 2,000 + 2,000 DPR NQ / TriviaQA dev questions that
 # are not the guard sets', and on 2,000 statements (sentences of the Wikipedia leads, as atomic facts and
 # citation query; training.mined distill + training.teachers multivector): self-distillation against
