@@ -110,6 +110,7 @@ def test_unmarked_student_ranks_passages_as_zero_shot(tmp_path):
     """``--query-marker none``: before training, the student's passage queries and passages are
     zero-shot MiniLM's own vectors (the mix's λ = 0 is then zero-shot, not zero-shot plus an
     untrained [Q]); sentence queries keep [Q']. Saved and loaded, the marker stays off."""
+    from agrame.delta import export_delta
     from agrame.encoder import load_encoder
     from training.student import start_from, student_encoder
 
@@ -119,7 +120,8 @@ def test_unmarked_student_ranks_passages_as_zero_shot(tmp_path):
         student = student_encoder(0, False, 256, query_marker=marker)
         start_from(student, zero_shot)
         student.save(tmp_path / str(marker))
-        loaded = load_encoder(tmp_path / str(marker))
+        export_delta(load_encoder(tmp_path / str(marker)), tmp_path / f"{marker}-delta")  # as it would ship
+        loaded = load_encoder(tmp_path / f"{marker}-delta")
         assert (loaded.marker_id("Q") is None) == same and loaded.marker_id("Q'") is not None
         q, z = loaded.encode_query(question, "Q").vectors, zero_shot.encode_query(question, "Q").vectors
         assert (q.shape == z.shape and torch.allclose(q, z, atol=1e-5)) == same
