@@ -296,7 +296,8 @@ def test_choose_mix_writes_its_choice_and_drops_the_partial(tmp_path, tiny_model
     main(["--start", str(tiny_model_dir), "--tuned", str(tiny_model_dir), "--mix", "0", "1",
           "--held", f"a={held}:1:2", "--reference", str(tiny_model_dir), "--out", str(out)])
     result = json.loads(out.read_text())
-    assert result["held_out"] == {"a": 2} and list(result["rows"]) == ["mix=0", "mix=1", str(tiny_model_dir)]
+    # measured (and kept) in this order: the reference, then the largest λ first
+    assert result["held_out"] == {"a": 2} and list(result["rows"]) == [str(tiny_model_dir), "mix=1", "mix=0"]
     assert result["best"]["model"] in ("mix=0", "mix=1")
     assert result["rows"]["mix=1"] == result["rows"][str(tiny_model_dir)]  # λ = 1 is the tuned model itself
     assert not (tmp_path / "mix.json.partial").exists()

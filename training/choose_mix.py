@@ -246,7 +246,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         return (lambda: reused_rows[ref]) if ref in reused else reference(ref)
 
     mix_names = [f"mix={mix:g}" for mix in args.mix]
-    measure = {**{n: mixed(m) for n, m in zip(mix_names, args.mix)}, **{ref: reference_row(ref) for ref in args.reference}}
+    # The references first and then the largest λ: a run stopped part-way (on this CPU, by a session's end)
+    # has already measured what its rows are read against and what training gained most.
+    measure = {**{ref: reference_row(ref) for ref in args.reference},
+               **{n: mixed(m) for m, n in sorted(zip(args.mix, mix_names), reverse=True)}}
     signature = {"start": fingerprint(args.start), "tuned": fingerprint(args.tuned), "held": args.held}
     if args.guard:  # (absent without guards: rows kept before --guard existed stay valid)
         signature["guard"] = args.guard
