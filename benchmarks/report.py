@@ -450,8 +450,12 @@ def _citation_model(r: dict) -> str:
 
 def _citation_f1(cites: List[dict], models: Sequence[str]) -> List[str]:
     """Citation F1 (first label group: ExpertQA complete+missing, WiCE dev) of ``models`` side by side,
-    on the datasets every one of them ran."""
+    on the datasets every one of them ran; a model with no citation row at all is left out (its rows are not
+    in yet), so that it does not hide the others'."""
     by = {(_citation_model(r), r["dataset"]): r for r in cites}
+    models = [m for m in models if any(key[0] == m for key in by)]
+    if len(models) < 2:  # one model alone compares with nothing
+        return []
     cite_sets = [d for d in ("expertqa-rand_val", "expertqa-domain_val", "wice-dev")
                  if all((m, d) in by for m in models)]
     if not cite_sets:

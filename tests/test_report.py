@@ -116,6 +116,11 @@ def test_scaled_section_checks_issue_13s_targets():
     assert "| model | expertqa-rand_val propositions | expertqa-rand_val propositions+margin |" in text
     assert "| zero-shot | 40.0 | 41.0 | 42.0 |" in text and "| big-agrame | 42.0 | 43.0 | 44.0 |" in text
     assert "wice-dev propositions" not in text
+    # a second candidate measured on the suite but not yet on the citation sets hides no one's rows
+    grouped["open_domain"].append(run("open_domain", "squad-dev", "big-agrame-distill", 78.0, 71.0))
+    text = render_scaled(grouped)
+    assert "| big-agrame | 42.0 | 43.0 | 44.0 |" in text and "| big-agrame-distill |" not in text
+    grouped["open_domain"].pop()
     # SciFact's subset on untaught abstracts: a gap only where both runs used the same taught set
     sci = run("cross_domain", "scifact-dev", "big-agrame", 75.0, 50.0, questions=188)
     sci["untaught"] = {"questions": 92, "taught_abstracts": 300, "metrics": {"sent_p1": 44.0}}
