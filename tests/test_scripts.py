@@ -19,7 +19,8 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 
 
 def dry_run(script: str, runs: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    knobs = ("START", "DIM", "ONLY", "STEPS", "DEVICE", "DISTILL", "DISTILL_COPIES", "M", "RESULTS")
+    knobs = ("START", "DIM", "ONLY", "STEPS", "DEVICE", "DISTILL", "DISTILL_COPIES", "M", "RESULTS", "GUARDS", "MIXES",
+             "QUERY_MARKER")
     environ = {k: v for k, v in os.environ.items() if k not in knobs}
     environ.update(RUN="echo", AGRAME_RUNS=str(runs), **env)
     return subprocess.run(["bash", str(ROOT / "training" / script), *args], env=environ, capture_output=True,
@@ -132,3 +133,44 @@ def test_scale_mix_reuses_earlier_mixes_but_not_its_own(tmp_path):
     (mix,) = lines_with(result.stdout, "training.choose_mix", "/agrame/final")
     assert f"--reuse {big}/first-128/choose-mix-agrame-guarded.json --out" in mix
     assert mix.count("--reuse") == 1
+
+
+def test_scale_larger_guard_sets_leave_the_distill_questions_out_and_name_their_models_apart(tmp_path):
+    models, big = tmp_path / "big" / "distill", tmp_path / "big"
+    result = dry_run("scale.sh", tmp_path, GUARDS="2000", MIXES="0.5 0.75 1", DISTILL="1", M=str(models), ONLY="agrame")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.splitlines()
+    for topics in ("nq-dev", "trivia-dev"):
+        small = next(i for i, line in enumerate(out) if f"mined guard --topics {topics} --out" in line)
+        # (a dry run prints the distill questions twice: nothing is written, so the second check finds no file)
+        distill = next(i for i, line in enumerate(out) if f"mined distill --topics {topics}" in line)
+        large = next(i for i, line in enumerate(out) if f"--out {big}/guard2000-{topics}.jsonl" in line)
+        assert small < distill < large
+        assert f"--limit 2000 --exclude {big}/distill-{topics}.jsonl" in out[large]
+    (mix,) = lines_with(result.stdout, "training.choose_mix")
+    assert f"--guard nq={big}/guard2000-nq-dev.jsonl" in mix and f"--guard trivia={big}/guard2000-trivia-dev.jsonl" in mix
+    assert "--mix 0.5 0.75 1 --reference" in mix and f"--out {models}/choose-mix-agrame-guarded2000.json" in mix
+    assert lines_with(result.stdout, "training.interpolate", f"--out {models}/agrame-guarded2000")
+    assert lines_with(result.stdout, "training.export", f"--model {models}/agrame-guarded2000 --out {models}/export/guarded2000")
+    # without DISTILL the same guard sets: the distill questions are still made (unscored) and left out
+    plain = dry_run("scale.sh", tmp_path, GUARDS="2000", ONLY="data").stdout
+    assert lines_with(plain, "mined distill --topics nq-dev") and not lines_with(plain, "multivector")
+    assert lines_with(plain, f"--out {big}/guard2000-trivia-dev.jsonl")
+    # the default keeps the 500-question sets' names, and no λ list
+    default = dry_run("scale.sh", tmp_path, ONLY="agrame").stdout
+    (mix,) = lines_with(default, "training.choose_mix")
+    assert "--mix" not in mix and f"--guard nq={big}/guard-nq-dev.jsonl" in mix and not lines_with(default, "guard2000")
+    bad = dry_run("scale.sh", tmp_path, GUARDS="many")
+    assert bad.returncode == 2 and "GUARDS must be a positive number" in bad.stderr and not bad.stdout
+
+
+def test_scale_eval_follows_the_guard_sets_into_its_tags(tmp_path):
+    result = dry_run("scale_eval.sh", tmp_path, "agrame-distill", "colbert-distill", GUARDS="2000",
+                     RESULTS=str(tmp_path / "results"))
+    assert result.returncode == 0, result.stderr
+    assert lines_with(result.stdout, "benchmarks.open_domain", f"--model {tmp_path}/big/distill/export/guarded2000",
+                      "--tag big-agrame-distill-g2000")
+    assert lines_with(result.stdout, "benchmarks.open_domain", f"--model {tmp_path}/big/distill/colbert-guarded2000",
+                      "--tag big-colbert-distill-g2000")
+    bad = dry_run("scale_eval.sh", tmp_path, "agrame", GUARDS="0")
+    assert bad.returncode == 2 and "GUARDS must be a positive number" in bad.stderr

@@ -161,6 +161,37 @@ def test_guard_records_take_bm25s_first_answer_passage_and_clean_negatives():
     assert len(list(guard_records(questions, texts, negatives=2, limit=1))) == 1
 
 
+def test_a_larger_guard_set_outside_the_distill_questions_extends_the_smaller_one(tmp_path, monkeypatch):
+    # training/scale.sh GUARDS=N: guard-500 first, the distill questions without it, then the larger guard
+    # without the distill questions: the same shuffle, so the larger set starts with the smaller one.
+    from training.mined import distill_records, guard_records, main as mined
+
+    texts = ["Paris is the capital of France. It lies on the Seine.", "France borders Spain.",
+             "The capital of Italy is Rome.", "Berlin is in Germany.", "Madrid is the capital of Spain.",
+             "Vienna is the capital of Austria."]
+    questions = [("q-0", "capital of france", ["Paris"]), ("q-1", "capital of italy", ["Rome"]),
+                 ("q-2", "where is berlin", ["Germany"]), ("q-3", "capital of spain", ["Madrid"]),
+                 ("q-4", "capital of austria", ["Vienna"]), ("q-5", "where is the seine", ["France"])]
+    small = list(guard_records(questions, texts, negatives=2, limit=1))
+    held = {r["qid"] for r in small}
+    distill = {r["qid"] for r in distill_records([q for q in questions if q[0] not in held], texts, passages=3, limit=2)}
+    large = list(guard_records([q for q in questions if q[0] not in distill], texts, negatives=2, limit=3))
+    assert large[:1] == small and len(large) == 3
+    assert not distill & {r["qid"] for r in large} and not distill & held
+    # the command line: `guard --exclude` drops those questions before the first answer-holding ones are taken
+    monkeypatch.setattr("training.mined.dpr_questions", lambda topics, seed: list(questions))
+    monkeypatch.setattr("training.mined.guard_corpus", lambda: list(texts))
+    (tmp_path / "distill.jsonl").write_text("".join(json.dumps({"qid": q}) + "\n" for q in sorted(distill)))
+    mined(["guard", "--topics", "nq-dev", "--negatives", "2", "--limit", "3", "--exclude",
+           str(tmp_path / "distill.jsonl"), "--out", str(tmp_path / "large.jsonl")])
+    written = [json.loads(line) for line in (tmp_path / "large.jsonl").read_text().splitlines()]
+    assert [r["qid"] for r in written] == [r["qid"] for r in large]
+    with pytest.raises(SystemExit) as exit_:
+        mined(["guard", "--topics", "nq-dev", "--exclude", str(tmp_path / "missing.jsonl"),
+               "--out", str(tmp_path / "never.jsonl")])
+    assert exit_.value.code == 2 and not (tmp_path / "never.jsonl").exists()
+
+
 def test_write_resumable_continues_without_duplicates(tmp_path):
     out = tmp_path / "out.jsonl"
     items = [{"i": i, "skipped": i % 7 == 3} for i in range(1000)]

@@ -359,6 +359,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     gd.add_argument("--limit", type=int, default=500, help="records written")
     gd.add_argument("--negatives", type=int, default=7)
     gd.add_argument("--seed", type=int, default=0)
+    gd.add_argument("--exclude", type=Path, action="append", default=[],
+                    help="records whose questions (qid) must not be used, e.g. the distill files (repeatable)")
     ds = sub.add_parser("distill", help="unlabelled DPR NQ / TriviaQA dev questions (the guard sets' excluded), or "
                                         "sentences of the Wikipedia leads as statements (wiki-claims), with BM25 "
                                         "passages, for a self-distillation teacher")
@@ -381,27 +383,33 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         p.add_argument("--limit", type=int, default=None, help="only the first N training questions")
         p.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if args.source == "guard":
-        from .data import write_jsonl
-        questions = dpr_questions(args.topics, args.seed)
-        n = write_jsonl(guard_records(questions, guard_corpus(), args.negatives, args.limit), args.out)
-        print(f"wrote {n} {args.topics} questions to {args.out}")
-        return
-    if args.source == "distill":
-        from .data import read, write_jsonl
+
+    def excluded() -> set:
+        from .data import read
         for path in args.exclude:
             if not path.is_file():
                 parser.error(f"--exclude {path}: no such file")
-        excluded = {r["qid"] for path in args.exclude for r in read(path)}
+        return {r["qid"] for path in args.exclude for r in read(path)}
+
+    if args.source == "guard":
+        from .data import write_jsonl
+        skip = excluded()
+        questions = [q for q in dpr_questions(args.topics, args.seed) if q[0] not in skip]
+        n = write_jsonl(guard_records(questions, guard_corpus(), args.negatives, args.limit), args.out)
+        print(f"wrote {n} {args.topics} questions ({len(skip)} excluded) to {args.out}")
+        return
+    if args.source == "distill":
+        from .data import write_jsonl
+        skip = excluded()
         corpus, own = guard_corpus(), None
         if args.topics == CLAIM_TOPICS:
             leads = wiki_leads()
             questions, own = lead_claims(leads, args.seed, offset=len(corpus) - len(leads))  # the corpus ends with them
         else:
             questions = dpr_questions(args.topics, args.seed)
-        questions = [q for q in questions if q[0] not in excluded]
+        questions = [q for q in questions if q[0] not in skip]
         n = write_jsonl(distill_records(questions, corpus, 1 + args.negatives, args.limit, own=own), args.out)
-        print(f"wrote {n} {args.topics} questions ({len(excluded)} excluded) to {args.out}")
+        print(f"wrote {n} {args.topics} questions ({len(skip)} excluded) to {args.out}")
         return
     if args.source == "unseen":
         from .data import read, write_jsonl

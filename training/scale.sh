@@ -5,6 +5,7 @@
 #   STEPS=300 bash training/scale.sh         # a shorter run (the data: max(STEPS × 8, 24,000) questions mined)
 #   ONLY=agrame bash training/scale.sh       # the candidate only: student, mix, export (then scale_eval.sh agrame)
 #   ONLY=data bash training/scale.sh         # the data, mined and labelled, and nothing after
+#   GUARDS=2000 MIXES="0.5 0.75 1" ONLY=agrame bash training/scale.sh   # mixed under larger guard sets
 #   RUN=echo bash training/scale.sh          # print the stages still to run, run nothing (tests/test_scripts.py)
 # DEVICE=cuda puts the students on a GPU (training.student --device; untried: no device has been
 # lent to this project yet; checkpoints are device-free, so a run may move between CPU and GPU).
@@ -50,6 +51,15 @@ DISTILL=${DISTILL:-0}
 # measuring; the mix measures its effect on the guard sets.
 DISTILL_COPIES=${DISTILL_COPIES:-1}
 M=${M:-$R}
+# GUARDS=N: guard sets of N questions each instead of 500 for the mix (500 answer-matched questions carry a
+# standard error of ~2 points against its 1-point tolerance); their mixes, models and exports are named
+# guarded<N> (e.g. export/guarded2000), beside the 500-question ones. MIXES="0.5 0.75 1": only those λ
+# (a row costs minutes per 1,000 questions).
+GUARDS=${GUARDS:-500}
+MIXES=${MIXES:-}
+case $GUARDS in
+  ''|*[!0-9]*|0) echo "scale.sh: GUARDS must be a positive number of questions, not '$GUARDS'" >&2; exit 2 ;;
+esac
 RUN=${RUN:-}
 $RUN mkdir -p "$R" "$M"
 [ -s "$R/squad.jsonl" ] || $RUN python -m training.mined squad --out "$R/squad.jsonl" --heldout "$R/squad-heldout.jsonl" \
@@ -71,15 +81,29 @@ recipe=(--init-model "$START" --layers 6 --dim "$DIM" --query-marker "$QUERY_MAR
 for topics in nq-dev trivia-dev; do
   [ -s "$R/guard-$topics.jsonl" ] || $RUN python -m training.mined guard --topics "$topics" --out "$R/guard-$topics.jsonl"
 done
+distill_questions() {  # distill_questions TOPICS: the distill run's unlabelled questions, without the guard sets'
+  local -a exclude=()  # (statements are no guard set's questions)
+  [ "$1" = wiki-claims ] || exclude=(--exclude "$R/guard-$1.jsonl")
+  [ -s "$R/distill-$1.jsonl" ] || $RUN python -m training.mined distill --topics "$1" \
+      "${exclude[@]}" --limit 2000 --out "$R/distill-$1.jsonl"
+}
 if [ "$DISTILL" = 1 ]; then
   for topics in nq-dev trivia-dev wiki-claims; do
-    exclude=()  # the guard sets' questions (statements have none)
-    [ "$topics" = wiki-claims ] || exclude=(--exclude "$R/guard-$topics.jsonl")
-    [ -s "$R/distill-$topics.jsonl" ] || $RUN python -m training.mined distill --topics "$topics" \
-        "${exclude[@]}" --limit 2000 --out "$R/distill-$topics.jsonl"
+    distill_questions "$topics"
     [ -s "$R/distill-$topics-scored.jsonl" ] || $RUN python -m training.teachers multivector --model zero-shot \
         --data "$R/distill-$topics.jsonl" --out "$R/distill-$topics-scored.jsonl"
     recipe+=("$R/distill-$topics-scored.jsonl@$DISTILL_COPIES")  # (--data is the array's last option)
+  done
+fi
+# GUARDS (above): larger guard sets leave out the distill questions (made here whether or not DISTILL=1, so
+# that the sets do not depend on it); taken in the same shuffled order, they begin with the 500.
+guards=guard G=guarded
+if [ "$GUARDS" != 500 ]; then
+  guards=guard$GUARDS G=guarded$GUARDS
+  for topics in nq-dev trivia-dev; do
+    distill_questions "$topics"
+    [ -s "$R/$guards-$topics.jsonl" ] || $RUN python -m training.mined guard --topics "$topics" --limit "$GUARDS" \
+        --exclude "$R/distill-$topics.jsonl" --out "$R/$guards-$topics.jsonl"
   done
 fi
 if [ "${ONLY:-}" = data ]; then  # ONLY=data: the data only (e.g. mined while the recipe is still being changed)
@@ -87,29 +111,30 @@ if [ "${ONLY:-}" = data ]; then  # ONLY=data: the data only (e.g. mined while th
 fi
 mix() {  # mix MODEL: WiSE-FT λ and then α, chosen on held-out train data, no more than 1 point below zero-shot
   local m=$1
-  local out="$M/choose-mix-$m-guarded.json"  # (a second `local`: the first's $m is not set while it expands)
+  local out="$M/choose-mix-$m-$G.json"  # (a second `local`: the first's $m is not set while it expands)
   # zero-shot's row is the same for every model mixed on these sets: taken from any earlier mix that has it
-  local -a reuse=()
+  local -a reuse=() mixes=()
   local f
-  for f in "$R"/choose-mix-*-guarded.json "$R"/*/choose-mix-*-guarded.json; do
+  for f in "$R"/choose-mix-*-$G.json "$R"/*/choose-mix-*-$G.json; do
     if [ -s "$f" ] && [ "$f" != "$out" ]; then reuse+=(--reuse "$f"); fi
   done
+  [ -z "$MIXES" ] || read -r -a mixes <<< "--mix $MIXES"
   [ -s "$out" ] || $RUN python -m training.choose_mix --start "$START" --tuned "$M/$m/final" \
       --held "squad=$R/squad-heldout.jsonl:0:500" --held "scifact=$R/scifact-heldout.jsonl" \
-      --guard "nq=$R/guard-nq-dev.jsonl" --guard "trivia=$R/guard-trivia-dev.jsonl" \
+      --guard "nq=$R/$guards-nq-dev.jsonl" --guard "trivia=$R/$guards-trivia-dev.jsonl" ${mixes[@]+"${mixes[@]}"} \
       --reference zero-shot ${reuse[@]+"${reuse[@]}"} --out "$out"
   local lam="<λ chosen in $out>"
   [ -n "$RUN" ] || lam=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['best']['model'].split('=')[1])" "$out")
-  $RUN python -m training.interpolate --start "$START" --tuned "$M/$m/final" --mix "$lam" --out "$M/$m-guarded"
-  $RUN python -m training.choose_alpha --model "$M/$m-guarded" --data "$R/squad-heldout.jsonl" --skip 0 --limit 500 --write
+  $RUN python -m training.interpolate --start "$START" --tuned "$M/$m/final" --mix "$lam" --out "$M/$m-$G"
+  $RUN python -m training.choose_alpha --model "$M/$m-$G" --data "$R/squad-heldout.jsonl" --skip 0 --limit 500 --write
 }
 # The candidate is mixed and exported before the baseline trains: on the CPU that is a session
 # earlier to see whether it can beat zero-shot at all.
 [ -e "$M/agrame/final/agrame.json" ] || $RUN python -m training.student "${recipe[@]}" --out "$M/agrame" --sentence-marker "Q'"
 # (if-blocks, not `||`: bash ignores set -e inside a function called on the left of && or ||)
-if [ ! -e "$M/export/guarded/delta.json" ]; then
+if [ ! -e "$M/export/$G/delta.json" ]; then
   mix agrame
-  $RUN python -m training.export --model "$M/agrame-guarded" --out "$M/export/guarded"
+  $RUN python -m training.export --model "$M/agrame-$G" --out "$M/export/$G"
 fi
 if [ "${ONLY:-}" = agrame ]; then  # ONLY=agrame: stop at the candidate (measure it before the baseline trains)
   exit 0

@@ -16,6 +16,8 @@
 # benchmark: a finished one is skipped when its result file exists (delete those of a model trained again).
 #   bash training/scale_eval.sh              # both; `… agrame` as soon as the candidate is exported
 #   RUN=echo bash training/scale_eval.sh     # print the commands only
+#   GUARDS=2000 bash training/scale_eval.sh agrame-distill   # the models mixed under larger guard sets
+#                                            # (scale.sh GUARDS=2000: export/guarded2000; tags end in -g2000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 R=${AGRAME_RUNS:-runs}/big
@@ -23,6 +25,12 @@ RUN=${RUN:-}
 # Where finished rows are looked for (the benchmarks always write to benchmarks/results; a dry run in
 # the tests points this at an empty folder, so committed rows do not hide the commands).
 res=${RESULTS:-benchmarks/results}
+GUARDS=${GUARDS:-500}  # the guard sets the models were mixed under (training/scale.sh GUARDS)
+case $GUARDS in
+  ''|*[!0-9]*|0) echo "scale_eval: GUARDS must be a positive number of questions, not '$GUARDS'" >&2; exit 2 ;;
+  500) G=guarded sfx= ;;
+  *) G=guarded$GUARDS sfx=-g$GUARDS ;;
+esac
 
 scifact() {  # scifact TAG MODEL: SciFact dev, and its claims on abstracts SciFact train did not teach
   grep -qs '"untaught"' "$res/cross_domain-scifact-dev-colbert-zeroshot-psg-$1.json" ||
@@ -57,13 +65,13 @@ candidate() {  # candidate TAG MODEL: the suite and the citation rows
 scifact zeroshot zero-shot
 for what in ${*:-agrame colbert}; do
   case $what in
-    agrame) candidate big-agrame-guarded "$R/export/guarded" ;;
+    agrame) candidate "big-agrame-guarded$sfx" "$R/export/$G" ;;
     # the first candidate, mixed without guard sets (λ = 1; its rows are committed)
     agrame-unguarded) candidate big-agrame "$R/first-128/export/default" ;;
-    colbert) bench big-colbert "$R/colbert-guarded" ;;
-    agrame-distill) candidate big-agrame-distill "$R/distill/export/guarded" ;;
+    colbert) bench "big-colbert$sfx" "$R/colbert-$G" ;;
+    agrame-distill) candidate "big-agrame-distill$sfx" "$R/distill/export/$G" ;;
     # its passage-loss-only baseline, the same data (DISTILL=1 M=$R/distill bash training/scale.sh, without ONLY)
-    colbert-distill) bench big-colbert-distill "$R/distill/colbert-guarded" ;;
+    colbert-distill) bench "big-colbert-distill$sfx" "$R/distill/colbert-$G" ;;
     *) echo "scale_eval: unknown model '$what' (agrame, agrame-unguarded, agrame-distill, colbert, colbert-distill)" >&2
        exit 2 ;;
   esac
