@@ -55,11 +55,8 @@ M=${M:-$R}
 # standard error of ~2 points against its 1-point tolerance); their mixes, models and exports are named
 # guarded<N> (e.g. export/guarded2000), beside the 500-question ones. MIXES="0.5 0.75 1": only those λ
 # (a row costs minutes per 1,000 questions).
-GUARDS=${GUARDS:-500}
+. training/guards.sh
 MIXES=${MIXES:-}
-case $GUARDS in
-  ''|*[!0-9]*|0) echo "scale.sh: GUARDS must be a positive number of questions, not '$GUARDS'" >&2; exit 2 ;;
-esac
 RUN=${RUN:-}
 $RUN mkdir -p "$R" "$M"
 [ -s "$R/squad.jsonl" ] || $RUN python -m training.mined squad --out "$R/squad.jsonl" --heldout "$R/squad-heldout.jsonl" \
@@ -97,9 +94,7 @@ if [ "$DISTILL" = 1 ]; then
 fi
 # GUARDS (above): larger guard sets leave out the distill questions (made here whether or not DISTILL=1, so
 # that the sets do not depend on it); taken in the same shuffled order, they begin with the 500.
-guards=guard G=guarded
 if [ "$GUARDS" != 500 ]; then
-  guards=guard$GUARDS G=guarded$GUARDS
   for topics in nq-dev trivia-dev; do
     distill_questions "$topics"
     [ -s "$R/$guards-$topics.jsonl" ] || $RUN python -m training.mined guard --topics "$topics" --limit "$GUARDS" \

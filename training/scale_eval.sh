@@ -25,12 +25,7 @@ RUN=${RUN:-}
 # Where finished rows are looked for (the benchmarks always write to benchmarks/results; a dry run in
 # the tests points this at an empty folder, so committed rows do not hide the commands).
 res=${RESULTS:-benchmarks/results}
-GUARDS=${GUARDS:-500}  # the guard sets the models were mixed under (training/scale.sh GUARDS)
-case $GUARDS in
-  ''|*[!0-9]*|0) echo "scale_eval: GUARDS must be a positive number of questions, not '$GUARDS'" >&2; exit 2 ;;
-  500) G=guarded sfx= ;;
-  *) G=guarded$GUARDS sfx=-g$GUARDS ;;
-esac
+. training/guards.sh  # the guard sets the models were mixed under (training/scale.sh GUARDS)
 
 scifact() {  # scifact TAG MODEL: SciFact dev, and its claims on abstracts SciFact train did not teach
   grep -qs '"untaught"' "$res/cross_domain-scifact-dev-colbert-zeroshot-psg-$1.json" ||
