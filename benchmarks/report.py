@@ -532,11 +532,13 @@ SCALED_ROWS = (("zero-shot", "zero-shot MiniLM (the default today)"),
                                       "the candidate default)"),
                ("big-agrame-distill", "AGRaME, scaled with self-distillation (384-d start; zero-shot's scores on "
                                       "DPR questions and Wikipedia statements in the mix; mixed under the guard sets)"),
+               ("big-agrame-distill-g2000", "the same student mixed under 2,000-question guard sets (λ = 0.25, the "
+                                            "only admissible mix)"),
                ("big-colbert-distill", "passage loss only, scaled with self-distillation (the same data; mixed alike)"))
-SCALED_CANDIDATES = ("big-agrame", "big-agrame-guarded", "big-agrame-distill")
+SCALED_CANDIDATES = ("big-agrame", "big-agrame-guarded", "big-agrame-distill", "big-agrame-distill-g2000")
 # The passage-loss-only model each candidate is held against: the one trained on the same data (the issue's
 # "same data, negatives and steps"); big-colbert otherwise.
-SCALED_BASELINE = {"big-agrame-distill": "big-colbert-distill"}
+SCALED_BASELINE = {"big-agrame-distill": "big-colbert-distill", "big-agrame-distill-g2000": "big-colbert-distill"}
 SCALED_BASELINES = ("big-colbert", *SCALED_BASELINE.values())
 SCALED_DATASETS = (  # (benchmark, dataset, unit, sub-unit, title)
     ("open_domain", "squad-dev", "psg_p1", "sent_p1", "squad-dev (2,000)"),
