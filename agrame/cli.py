@@ -1,4 +1,5 @@
-"""The ``agrame`` command line: ``rank``, ``index``, ``search``, ``explain`` and ``cite``.
+"""The ``agrame`` command line: ``rank``, ``index``, ``search``, ``delete``, ``compact``, ``explain``,
+``serve`` and ``cite``.
 
 Usage errors (bad arguments, unreadable or malformed input, a wrong model or index)
 print ``agrame: error: …`` naming the file, line and field, and exit with status 2.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import sys
 from typing import List, Optional, Sequence
@@ -21,6 +23,35 @@ EXIT_USAGE = 2
 
 class UsageError(ValueError):
     pass
+
+
+FILTER_HELP = ("metadata filter (JSON): {\"field\": value}, $eq $ne $in $nin $gt $gte $lt $lte $exists, "
+               "$and $or $not; e.g. '{\"year\": {\"$gte\": 2020}}'")
+
+
+def _nonnegative_float(value: str) -> float:
+    number = _finite_float(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"expected a number ≥ 0, got {value!r}")
+    return number
+
+
+def _share(value: str) -> float:
+    number = _finite_float(value)
+    if not 0 < number <= 1:
+        raise argparse.ArgumentTypeError(f"expected a share in (0, 1], got {value!r}")
+    return number
+
+
+def _add_writer_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lock-timeout", type=_nonnegative_float, default=0.0, metavar="SECONDS",
+                   help="wait this long for another writer of the index to finish (default: 0, fail at once)")
+    p.add_argument("--compact-threshold", type=_share, default=0.2, metavar="SHARE",
+                   help="compact once this share of the stored passages is deleted (default: 0.2; 1 = never)")
+
+
+def _say(message: str) -> None:
+    print(f"agrame: {message}", file=sys.stderr)
 
 
 def _positive_int(value: str) -> int:
@@ -105,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "plus a residual of --nbits bits per dimension (ColBERTv2's codec), with an inverted "
                     "file for search over the whole index. Tagged with the model's fingerprint.",
         epilog="Examples: agrame index -p corpus.jsonl -i my-index; "
-               "agrame index --add -p more.jsonl -i my-index (same centroids, new passages, atomic).",
+               "agrame index --add -p more.jsonl -i my-index (same centroids, new passages, atomic); "
+               "agrame index --upsert -p changed.jsonl -i my-index. JSONL passages may carry a "
+               "\"metadata\" object (strings, numbers, booleans, lists) for search --filter.",
     )
     index.add_argument("--passages", "-p", required=True, metavar="FILE", help="passage file, or - for stdin")
     index.add_argument("--index", "-i", required=True, metavar="DIR", help="index folder to create (or extend with --add)")
@@ -117,10 +150,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="bits per dimension of each token's residual (default: 2, ~40 bytes per 128-d token)")
     index.add_argument("--format", dest="index_format", type=int, choices=(1, 2), default=2,
                        help="2: compressed (default); 1: float16 vectors, exhaustive search only")
-    index.add_argument("--add", action="store_true",
-                       help="append the passages to an existing compressed index with its centroids")
+    change = index.add_mutually_exclusive_group()
+    change.add_argument("--add", action="store_true",
+                        help="append passages with new ids to an existing compressed index with its centroids")
+    change.add_argument("--upsert", action="store_true",
+                        help="replace the passages whose ids the index holds (text, vectors, metadata) and add the rest")
+    change.add_argument("--overwrite", action="store_true",
+                        help="replace an existing index (only an AGRaME index: any other folder is refused) "
+                             "as a new generation; readers see the old or the new one")
     index.add_argument("--batch-size", type=_positive_int, default=16, help="passages per forward pass (default: 16, fastest on CPU)")
-    index.add_argument("--overwrite", action="store_true", help="replace an existing index folder")
+    _add_writer_options(index)
 
     search = sub.add_parser(
         "search", help="rank passages, sentences or stored spans of a whole index for a query",
@@ -139,6 +178,32 @@ def build_parser() -> argparse.ArgumentParser:
                         help="centroids probed per query token (default: the index's, see benchmarks/README.md)")
     search.add_argument("--ncandidates", type=_positive_int, default=None,
                         help="passages decompressed and scored exactly (default: the index's)")
+    search.add_argument("--filter", metavar="JSON", default=None, help=FILTER_HELP)
+
+    delete = sub.add_parser(
+        "delete", help="delete passages from an index by id or by a metadata filter",
+        description="Delete passages (tombstones committed as a new generation; ids are never renumbered). "
+                    "The index is compacted automatically once the deleted share passes --compact-threshold.",
+        epilog="Examples: agrame delete -i my-index doc-3 doc-9; agrame delete -i my-index --ids-file gone.txt; "
+               "agrame delete -i my-index --filter '{\"source\": \"draft\"}'",
+    )
+    delete.add_argument("ids", nargs="*", metavar="ID", help="passage ids to delete")
+    delete.add_argument("--index", "-i", required=True, metavar="DIR", help="index folder")
+    delete.add_argument("--ids-file", metavar="FILE", default=None, help="a file with one id per line (or - for stdin)")
+    delete.add_argument("--filter", metavar="JSON", default=None, help="delete every passage this filter admits")
+    delete.add_argument("--missing", choices=("error", "ok"), default="error",
+                        help="an id the index does not hold: error (exit 2, nothing deleted; default) or ok (skip it)")
+    _add_writer_options(delete)
+
+    compact = sub.add_parser(
+        "compact", help="rewrite an index without its deleted passages (returns the disk space)",
+        description="Copy the live passages into a new store as one generation; readers of the previous "
+                    "generation keep working until they reload.",
+        epilog="Example: agrame compact -i my-index",
+    )
+    compact.add_argument("--index", "-i", required=True, metavar="DIR", help="index folder")
+    compact.add_argument("--lock-timeout", type=_nonnegative_float, default=0.0, metavar="SECONDS",
+                         help="wait this long for another writer to finish (default: 0, fail at once)")
     serve = sub.add_parser(
         "serve", help="serve an index over HTTP: search/rank/cite API and a web page (extra: serve)",
         description="An HTTP API (POST /search, /rank, /cite; GET /health) and a one-page web UI at / "
@@ -152,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="model folder (default: the index's, else " + _DEFAULT_MODEL.split(": ", 1)[1] + ")")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     serve.add_argument("--port", type=_positive_int, default=8000, help="port (default: 8000)")
+    serve.add_argument("--allow-writes", action="store_true",
+                       help="serve POST/DELETE /passages (needs an API key: --api-key-file or AGRAME_API_KEY)")
+    serve.add_argument("--api-key-file", metavar="FILE", default=None,
+                       help="file holding the API key that writes (and, with --protect-reads, reads) must send "
+                            "as 'Authorization: Bearer KEY' or 'X-API-Key: KEY' (default: $AGRAME_API_KEY)")
+    serve.add_argument("--protect-reads", action="store_true", help="require the API key for every endpoint but / and /health")
 
     explain = sub.add_parser(
         "explain", help="show why a passage ranked: matched tokens, best sentence, every score",
@@ -248,27 +319,83 @@ def _cmd_rank(args) -> int:
     return 0
 
 
+def _threshold(args) -> Optional[float]:
+    return None if args.compact_threshold >= 1 else args.compact_threshold
+
+
+def _live(manifest: dict) -> int:
+    return int(manifest["num_passages"]) - int(manifest.get("num_deleted", 0))
+
+
 def _cmd_index(args) -> int:
-    if args.add and args.overwrite:
-        raise UsageError("--add and --overwrite cannot be combined")
-    if args.add and args.index_format == 1:
-        raise UsageError("--add needs a compressed index (--format 2)")
+    if (args.add or args.upsert) and args.index_format == 1:
+        raise UsageError("--add and --upsert need a compressed index (--format 2)")
     passages = read_passages(args.passages, args.input_format)
     from .encoder import load_encoder
-    from .index import add_passages, build_index, read_manifest
+    from .index import IndexWriter, build_index, read_manifest
     from .index.format import load_index_model
 
-    if args.add:
+    if args.add or args.upsert:
         manifest = read_manifest(args.index)
         encoder = load_index_model(manifest, args.index, args.model)
-        new = add_passages(args.index, encoder, passages, batch_size=args.batch_size)
-        print(f"added {len(passages)} passages to {args.index} ({new['num_passages']} in all, "
-              f"generation {new['generation']})", file=sys.stderr)
+        with IndexWriter(args.index, lock_timeout=args.lock_timeout, compact_threshold=_threshold(args),
+                         say=_say) as writer:
+            change = writer.upsert if args.upsert else writer.add
+            new = change(encoder, passages, batch_size=args.batch_size, progress=True)
+        print(f"{'upserted' if args.upsert else 'added'} {len(passages)} passages to {args.index} "
+              f"({_live(new)} in all, generation {new['generation']})", file=sys.stderr)
         return 0
     encoder = load_encoder(args.model)
     path = build_index(encoder, passages, args.index, format=args.index_format, nbits=args.nbits,
-                       batch_size=args.batch_size, overwrite=args.overwrite)
+                       batch_size=args.batch_size, overwrite=args.overwrite, lock_timeout=args.lock_timeout)
     print(f"indexed {len(passages)} passages into {path}", file=sys.stderr)
+    return 0
+
+
+def _read_ids(path: str) -> List[str]:
+    from .io import read_lines
+
+    ids = [line.strip() for _, line in read_lines(path) if line.strip()]
+    if not ids:
+        raise UsageError(f"{'<stdin>' if path == '-' else path}: no ids (the file is empty)")
+    return ids
+
+
+def _parse_filter(text: Optional[str]):
+    if text is None:
+        return None
+    from .index.metadata import parse_filter
+
+    parse_filter(text)  # FilterError (a ValueError) names the problem
+    return json.loads(text)
+
+
+def _cmd_delete(args) -> int:
+    ids = list(args.ids) + (_read_ids(args.ids_file) if args.ids_file else [])
+    if args.filter is not None and ids:
+        raise UsageError("give ids or --filter, not both")
+    if args.filter is None and not ids:
+        raise UsageError("no ids given (pass IDs, --ids-file FILE or --filter JSON)")
+    spec = _parse_filter(args.filter)
+    from .index import IndexWriter, read_manifest
+
+    with IndexWriter(args.index, lock_timeout=args.lock_timeout, compact_threshold=_threshold(args),
+                     say=_say) as writer:
+        before = _live(read_manifest(args.index))
+        new = writer.delete_where(spec) if spec is not None else writer.delete(ids, missing=args.missing)
+    print(f"deleted {before - _live(new)} passages from {args.index} ({_live(new)} left, "
+          f"generation {new['generation']})", file=sys.stderr)
+    return 0
+
+
+def _cmd_compact(args) -> int:
+    from .index import IndexWriter
+
+    with IndexWriter(args.index, lock_timeout=args.lock_timeout, compact_threshold=None, say=_say) as writer:
+        new = writer.compact()
+    done = writer.last_compaction or {}
+    print(f"compacted {args.index}: {done.get('passages_removed', 0)} deleted passages removed, "
+          f"{done.get('bytes_returned', 0):,} bytes returned (generation {new['generation']})", file=sys.stderr)
     return 0
 
 
@@ -277,9 +404,10 @@ def _cmd_search(args) -> int:
         raise UsageError("the query is empty")
     from .index import Index
 
+    spec = _parse_filter(args.filter)
     index = Index(args.index, model=args.model)
     results = index.search(args.query, args.granularity, top_k=args.top_k, exact=args.exact,
-                           nprobe=args.nprobe, ncandidates=args.ncandidates, alpha=args.alpha)
+                           nprobe=args.nprobe, ncandidates=args.ncandidates, alpha=args.alpha, filter=spec)
     _print_results(results, args.query, args.format)
     return 0
 
@@ -291,7 +419,20 @@ def _cmd_serve(args) -> int:
         from .serve import create_app
     except ImportError as exc:
         raise UsageError(f"agrame serve needs the serve extra (pip install 'agrame[serve]'): {exc}") from None
-    app = create_app(args.index, model=args.model)
+    api_key = None
+    if args.api_key_file:
+        try:
+            api_key = open(args.api_key_file, encoding="utf-8").read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{args.api_key_file}: cannot read the API key: {exc}") from None
+    elif os.environ.get("AGRAME_API_KEY"):
+        api_key = os.environ["AGRAME_API_KEY"].strip()
+    if (args.allow_writes or args.protect_reads) and not api_key:
+        raise UsageError("--allow-writes and --protect-reads need an API key (--api-key-file FILE or AGRAME_API_KEY)")
+    if args.allow_writes and args.index is None:
+        raise UsageError("--allow-writes needs --index DIR")
+    app = create_app(args.index, model=args.model, allow_writes=args.allow_writes, api_key=api_key,
+                     protect_reads=args.protect_reads)
     print(f"serving on http://{args.host}:{args.port}/", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
@@ -390,8 +531,8 @@ def _cmd_cite(args) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"rank": _cmd_rank, "index": _cmd_index, "search": _cmd_search, "explain": _cmd_explain, "serve": _cmd_serve,
-                "cite": _cmd_cite}
+    handlers = {"rank": _cmd_rank, "index": _cmd_index, "search": _cmd_search, "delete": _cmd_delete,
+                "compact": _cmd_compact, "explain": _cmd_explain, "serve": _cmd_serve, "cite": _cmd_cite}
     try:
         return handlers[args.command](args)
     except ValueError as exc:

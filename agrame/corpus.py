@@ -18,11 +18,13 @@ from .spans import SpanLike, split_sentences, token_segments
 
 
 class Passage(NamedTuple):
-    """An input passage; ``spans`` are only needed for ``granularity="span"``."""
+    """An input passage; ``spans`` are only needed for ``granularity="span"``, ``metadata`` (a JSON
+    object of strings, numbers, booleans and lists of them) only by an index's filters."""
 
     id: str
     text: str
     spans: Optional[Tuple[SpanLike, ...]] = None
+    metadata: Optional[Mapping[str, object]] = None
 
 
 PassageLike = Union[str, Passage, Tuple[str, str], Mapping[str, str]]
@@ -40,7 +42,7 @@ def as_passages(items: Iterable[PassageLike]) -> List[Passage]:
         elif isinstance(item, tuple) and len(item) == 2:
             passage = Passage(str(item[0]), item[1])
         elif isinstance(item, Mapping) and "text" in item:
-            passage = Passage(str(item.get("id", i)), item["text"])
+            passage = Passage(str(item.get("id", i)), item["text"], metadata=item.get("metadata"))
         else:
             raise TypeError(f"passage {i}: expected str, (id, text), a dict with 'text' or Passage, "
                             f"got {type(item).__name__}")

@@ -71,7 +71,7 @@ def detect_format(path: str, first_line: Optional[str]) -> str:
 
 
 def read_passages(path: str, fmt: str = "auto") -> List[Passage]:
-    """Read passages: JSONL ``{"id", "text", "spans"?}``, TSV ``id<TAB>text`` or one per line.
+    """Read passages: JSONL ``{"id", "text", "spans"?, "metadata"?}``, TSV ``id<TAB>text`` or one per line.
 
     Blank lines are skipped. Ids must be unique; JSONL ids default to the passage's
     0-based position. ``spans`` (JSONL only) is a list of ``[start, end]`` or of lists of
@@ -137,7 +137,15 @@ def _parse_jsonl(line: str, name: str, number: int, position: int) -> Passage:
             spans = tuple(normalize_span(s, len(text)) for s in raw)
         except (ValueError, TypeError) as exc:
             raise InputError(str(exc), name, number, "spans") from None
-    return Passage(pid, text, spans)
+    metadata = None
+    if record.get("metadata") is not None:
+        from .index.metadata import MetadataError, validate_metadata
+
+        try:
+            metadata = validate_metadata(record["metadata"], "metadata") or None
+        except MetadataError as exc:
+            raise InputError(str(exc).split(": ", 1)[-1], name, number, str(exc).split(": ", 1)[0]) from None
+    return Passage(pid, text, spans, metadata)
 
 
 def read_text(path: str) -> str:

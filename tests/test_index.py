@@ -364,7 +364,9 @@ def test_recomputed_offsets_search_like_stored_ones(tmp_path, tiny_encoder):
     add_passages(tmp_path / "stored", tiny_encoder, [Passage("more", TEXTS[2])], progress=False)
     grown = Index(tmp_path / "stored", model=tiny_encoder, verify=True)
     assert grown.store.tokens.shape[0] == grown.store.num_tokens
-    assert grown.search("bleaching algae", "sentence", top_k=1)[0].passage_id == "more"
+    # "more" repeats passage "2": the two tie (to float noise, which decides their order).
+    top = grown.search("bleaching algae", "sentence", top_k=2)
+    assert {h.passage_id for h in top} == {"2", "more"} and abs(top[0].score - top[1].score) < 1e-4
 
 
 def test_offsets_that_the_tokenizer_does_not_reproduce_are_refused(tmp_path, tiny_encoder):

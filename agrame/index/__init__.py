@@ -19,9 +19,13 @@ from typing import Optional, Sequence
 from ..corpus import Passage, PassageLike, as_passages
 from ..encoder import Encoder
 from .codec import ResidualCodec, num_centroids
+from .base import BaseIndex
 from .format import IndexFolderError, check_model, index_model_name, read_manifest
+from .lock import IndexLockedError
+from .metadata import FilterError, MetadataError
 from .search import Index, SearchSettings
 from .store import Store, add_passages, build_compressed, verify_crc
+from .writer import IndexWriter, UnknownIdsError
 
 #: Format written by :func:`build_index` unless told otherwise.
 DEFAULT_FORMAT = 2
@@ -30,8 +34,9 @@ DEFAULT_FORMAT = 2
 def build_index(encoder: Encoder, passages: Sequence[PassageLike], path: str | Path, *, format: int = DEFAULT_FORMAT,
                 nbits: int = 2, batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
                 progress: bool = True, sentences: Optional[Sequence] = None,
-                codec: Optional[ResidualCodec] = None) -> Path:
-    """Encode ``passages`` into an index folder at ``path`` (atomically: temporary name, then rename).
+                codec: Optional[ResidualCodec] = None, lock_timeout: float = 0.0) -> Path:
+    """Encode ``passages`` into an index folder at ``path``, atomically: a new folder under a temporary
+    name renamed into place, or (``overwrite``) an existing index replaced as a new generation.
 
     ``format=2`` compresses (``nbits`` ∈ {1, 2, 4, 8}); ``format=1`` writes float16 vectors.
     ``passages``: :class:`Passage` objects or anything :meth:`Ranker.encode` takes (texts, ``(id, text)``).
@@ -45,8 +50,9 @@ def build_index(encoder: Encoder, passages: Sequence[PassageLike], path: str | P
         raise ValueError(f"unknown index format {format}; choose 1 or 2")
     return build_compressed(encoder, passages, path, nbits=nbits, batch_size=batch_size,
                             chunk_passages=chunk_passages, overwrite=overwrite, progress=progress,
-                            sentences=sentences, codec=codec)
+                            sentences=sentences, codec=codec, lock_timeout=lock_timeout)
 
 
-__all__ = ["Index", "IndexFolderError", "ResidualCodec", "SearchSettings", "Store", "add_passages", "build_index",
-           "check_model", "index_model_name", "num_centroids", "read_manifest", "verify_crc"]
+__all__ = ["BaseIndex", "FilterError", "Index", "IndexFolderError", "IndexLockedError", "IndexWriter", "MetadataError",
+           "ResidualCodec", "SearchSettings", "Store", "UnknownIdsError", "add_passages", "build_index", "check_model",
+           "index_model_name", "num_centroids", "read_manifest", "verify_crc"]

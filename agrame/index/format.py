@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zlib
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterator, Optional
+from typing import Dict, Optional
 
 MANIFEST = "manifest.json"
 FORMAT_V1 = "agrame-index/1"
@@ -34,7 +34,12 @@ def read_manifest(path: str | Path) -> dict:
     """The manifest of an index folder of either format (errors name the folder or file)."""
     path = Path(path)
     if not path.is_dir():
-        raise IndexFolderError(f"index {path} does not exist" if not path.exists() else f"index {path} is not a folder")
+        if not path.exists():
+            aside = aside_folders(path)
+            hint = (f"; an interrupted --overwrite left an index aside as {aside[0]}: the next write to {path} "
+                    "puts it back, or rename it yourself") if aside else ""
+            raise IndexFolderError(f"index {path} does not exist{hint}")
+        raise IndexFolderError(f"index {path} is not a folder")
     manifest_file = path / MANIFEST
     if not manifest_file.exists():
         raise IndexFolderError(f"{path} is not an AGRaME index (no {MANIFEST})")
@@ -47,6 +52,20 @@ def read_manifest(path: str | Path) -> dict:
     return manifest
 
 
+def store_root(path: Path, manifest: dict) -> Path:
+    """The folder holding a version-2 index's store files: the index folder itself, or the
+    sub-folder (``sN/``) that a compaction or an in-place rebuild wrote."""
+    prefix = str(manifest.get("store", ""))
+    if prefix and not re.fullmatch(r"s\d+/", prefix):
+        raise IndexFolderError(f"index {path} is damaged: {MANIFEST} field 'store' is {prefix!r}")
+    return Path(path) / prefix if prefix else Path(path)
+
+
+def ivf_generation(manifest: dict) -> int:
+    """Generation whose inverted file a manifest uses (a delete commits without writing one)."""
+    return int(manifest.get("ivf_generation", manifest["generation"]))
+
+
 def write_manifest(folder: Path, manifest: dict) -> None:
     """Commit a manifest: temporary name, fsync, rename (readers see the old or the new one)."""
     tmp = folder / f".{MANIFEST}.tmp-{os.getpid()}"
@@ -57,29 +76,16 @@ def write_manifest(folder: Path, manifest: dict) -> None:
     os.replace(tmp, folder / MANIFEST)
 
 
-@contextmanager
-def new_folder(path: Path) -> Iterator[Path]:
-    """Write a folder under a temporary name and move it into place only when the block succeeds
-    (an existing ``path`` is renamed aside first and removed after); on any error the temporary
-    folder is removed, so ``path`` never holds half an index."""
-    import shutil
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        yield tmp
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{os.getpid()}"
-            path.rename(old)
-            tmp.rename(path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+def aside_folders(path: Path) -> list:
+    """Folders ``.NAME.old-PID`` holding an index that an interrupted ``--overwrite`` of an earlier
+    version moved aside (newest first)."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        return []
+    found = [p for p in path.parent.iterdir()
+             if p.name.startswith(f".{path.name}.old-") and p.name[len(path.name) + 6:].isdigit()
+             and (p / MANIFEST).is_file()]
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
 def crc32_file(path: Path, size: Optional[int] = None, start: int = 0, crc: int = 0) -> int:

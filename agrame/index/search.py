@@ -25,13 +25,18 @@ import torch
 from .. import scoring
 from ..encoder import Encoder
 from ..ranker import GRANULARITIES, Ranker, ScoredSpan, rank_corpus
-from .format import FORMAT_V1, load_index_model, read_manifest
+from .base import BaseIndex
+from .format import FORMAT_V1, IndexFolderError, load_index_model, read_manifest
 from .store import Store
+from .writer import DEFAULT_COMPACT_THRESHOLD
 
 #: Stage 2a keeps this many times ``ncandidates`` passages for the code-level step 2b.
 PRUNE_FACTOR = 4
 #: Passages per exhaustive (``exact``) scoring chunk.
 EXACT_CHUNK_TOKENS = 65_536
+#: Tries to open a generation while writers keep committing newer ones.
+OPEN_ATTEMPTS = 5
+_UNSET = object()
 
 
 class SearchSettings(NamedTuple):
@@ -47,11 +52,14 @@ class SearchSettings(NamedTuple):
     per_hit: int = 10
 
 
-class Index:
-    """An index folder opened for search (either format; version 1 is always scanned exactly).
+class Index(BaseIndex):
+    """An index folder opened for search (either format; version 1 is always scanned exactly), and
+    the way to change it (:meth:`add`, :meth:`upsert`, :meth:`delete`, :meth:`compact`: each takes
+    the folder's writer lock, commits a generation and reopens).
 
     >>> index = Index("my-index")
-    >>> index.search("What causes coral bleaching?", granularity="sentence", top_k=5)
+    >>> index.search("What causes coral bleaching?", granularity="sentence", top_k=5,
+    ...              filter={"year": {"$gte": 2020}})
     """
 
     def __init__(self, path: Union[str, Path], model: Union[Encoder, str, Path, None] = None,
@@ -60,19 +68,36 @@ class Index:
         self._model_arg = model
         self._verify = verify
         self._encoder: Optional[Encoder] = None
+        self.store: Optional[Store] = None
         self._open(read_manifest(self.path))
 
     def _open(self, manifest: dict) -> None:
-        self.manifest = manifest
-        self._ids: Optional[dict] = None
-        self.store: Optional[Store] = None
-        self._v1 = None
+        # A writer may commit (and remove the files of the generation read here) between reading the
+        # manifest and opening its files: then open the newer one. Once open, memory maps and the
+        # metadata connection keep this generation readable however the folder changes.
+        for attempt in range(OPEN_ATTEMPTS):
+            try:
+                self._open_once(manifest)
+                return
+            except (IndexFolderError, OSError):
+                newer = read_manifest(self.path)
+                if newer == manifest or attempt == OPEN_ATTEMPTS - 1:
+                    raise
+                manifest = newer
+
+    def _open_once(self, manifest: dict) -> None:
+        store: Optional[Store] = None
+        v1 = None
         if manifest["format"] == FORMAT_V1:
             from .v1 import load_index
-            self._v1 = load_index(self.path)[1]
+            v1 = load_index(self.path)[1]
         else:
-            self.store = Store(self.path, manifest, self._verify, tokenize=self._passage_offsets)
-            self._centroids = torch.from_numpy(self.store.codec.centroids.astype(np.float32))
+            store = Store(self.path, manifest, self._verify, tokenize=self._passage_offsets)
+            self._centroids = torch.from_numpy(store.codec.centroids.astype(np.float32))
+        old, self.store, self._v1, self.manifest = self.store, store, v1, manifest
+        if old is not None:
+            old.close()
+        self._ids: Optional[dict] = None
         self.defaults = SearchSettings(**manifest.get("search", {}))
 
     def _passage_offsets(self, texts: List[str]) -> list:
@@ -91,7 +116,84 @@ class Index:
         return self.store is not None
 
     def __len__(self) -> int:
-        return int(self.manifest["num_passages"])
+        """Live passages (deleted ones not counted)."""
+        return self.store.num_live if self.store is not None else int(self.manifest["num_passages"])
+
+    # -- reading passages by id ---------------------------------------------------------------
+
+    def get(self, passage_id: str) -> Optional[dict]:
+        """``{"id", "text", "metadata", "spans"?}`` of a live passage, or None."""
+        if self.store is None:
+            position = self._v1_ids().get(passage_id)
+            return None if position is None else {"id": passage_id, "text": self._v1.texts[position], "metadata": {}}
+        position = self.store.position_of([passage_id]).get(passage_id)
+        if position is None:
+            return None
+        return {**self.store.record(position), "metadata": self.store.metadata(position)}
+
+    def metadata(self, passage_id: str) -> dict:
+        """A passage's metadata (``{}`` when it has none); ValueError for an unknown id."""
+        record = self.get(passage_id)
+        if record is None:
+            raise ValueError(f"index {self.path} has no passage {passage_id!r}")
+        return record["metadata"]
+
+    def ids(self) -> List[str]:
+        """Ids of the live passages, in stored order."""
+        if self.store is None:
+            return list(self._v1.ids)
+        return [pid for pid, _ in sorted(self.store.live_ids().items(), key=lambda kv: kv[1])]
+
+    def _v1_ids(self) -> dict:
+        if self._ids is None:
+            self._ids = {pid: k for k, pid in enumerate(self._v1.ids)}
+        return self._ids
+
+    # -- changes (writer lock, one generation each, then reopened) ----------------------------
+
+    def _writer(self, lock_timeout: float, compact_threshold):
+        from .writer import IndexWriter
+
+        return IndexWriter(self.path, lock_timeout=lock_timeout, compact_threshold=compact_threshold)
+
+    def add(self, passages, *, lock_timeout: float = 0.0, compact_threshold=DEFAULT_COMPACT_THRESHOLD,
+            **options) -> dict:
+        """Append passages with new ids (their ``metadata`` too), encoded with the index's model."""
+        with self._writer(lock_timeout, compact_threshold) as writer:
+            manifest = writer.add(self.encoder, passages, **options)
+        self.reload()
+        return manifest
+
+    def upsert(self, passages, *, lock_timeout: float = 0.0, compact_threshold=DEFAULT_COMPACT_THRESHOLD,
+               **options) -> dict:
+        """Replace the text, vectors and metadata of ids the index holds and add the rest, in one generation."""
+        with self._writer(lock_timeout, compact_threshold) as writer:
+            manifest = writer.upsert(self.encoder, passages, **options)
+        self.reload()
+        return manifest
+
+    def delete(self, ids: Sequence[str], *, missing: str = "error", lock_timeout: float = 0.0,
+               compact_threshold=DEFAULT_COMPACT_THRESHOLD) -> dict:
+        """Delete passages by id (an unknown id is an error unless ``missing="ok"``)."""
+        with self._writer(lock_timeout, compact_threshold) as writer:
+            manifest = writer.delete(list(ids), missing=missing)
+        self.reload()
+        return manifest
+
+    def delete_where(self, filter, *, lock_timeout: float = 0.0,
+                     compact_threshold=DEFAULT_COMPACT_THRESHOLD) -> dict:
+        """Delete every passage a metadata filter admits."""
+        with self._writer(lock_timeout, compact_threshold) as writer:
+            manifest = writer.delete_where(filter)
+        self.reload()
+        return manifest
+
+    def compact(self, *, lock_timeout: float = 0.0) -> dict:
+        """Rewrite the store without deleted passages (disk space returned)."""
+        with self._writer(lock_timeout, None) as writer:
+            manifest = writer.compact()
+        self.reload()
+        return manifest
 
     @property
     def encoder(self) -> Encoder:
@@ -102,14 +204,47 @@ class Index:
 
     def search(self, query: str, granularity: str = "sentence", top_k: Optional[int] = 10, *,
                exact: bool = False, nprobe: Optional[int] = None, ncandidates: Optional[int] = None,
-               per_hit: Optional[int] = None, alpha: Optional[float] = None) -> List[ScoredSpan]:
-        """Rank the index's passages, sentences or stored spans for ``query``, best first."""
+               per_hit: Optional[int] = None, alpha: Optional[float] = None, filter=None) -> List[ScoredSpan]:
+        """Rank the index's passages, sentences or stored spans for ``query``, best first.
+
+        ``filter``: a metadata filter (:mod:`agrame.index.metadata`), applied before candidates are
+        scored: a filtered search returns ``top_k`` hits whenever ``top_k`` passages match."""
         if not isinstance(query, str) or not query.strip():
             raise ValueError("query is empty")
         self._check(granularity, top_k)
+        allowed = self.allowed(filter)  # a bad filter fails before the model runs
         q, s = self.encode_query(query, granularity)
         return self.search_vectors(q, s, granularity, top_k, exact=exact, nprobe=nprobe,
-                                   ncandidates=ncandidates, per_hit=per_hit, alpha=alpha)
+                                   ncandidates=ncandidates, per_hit=per_hit, alpha=alpha, allowed=allowed)
+
+    def allowed(self, filter=None) -> Optional[np.ndarray]:
+        """Mask of the stored positions a search may return (live and admitted by ``filter``);
+        None when that is every position."""
+        from .metadata import is_empty, matches, parse_filter
+
+        if self.store is not None:
+            return self.store.allowed(filter)
+        if is_empty(filter):
+            return None
+        return np.full(len(self._v1), matches({}, parse_filter(filter)), dtype=bool)
+
+    def rank_ids(self, query: str, passage_ids: Sequence[str], granularity: str = "sentence",
+                 top_k: Optional[int] = 10, *, filter=None, alpha: Optional[float] = None) -> List[ScoredSpan]:
+        """Rank indexed passages named by id (scored on their stored vectors), those ``filter`` admits."""
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError("query is empty")
+        self._check(granularity, top_k)
+        positions = np.unique(np.array([self._position(pid) for pid in passage_ids], dtype=np.int64))
+        allowed = self.allowed(filter)
+        if allowed is not None:
+            positions = positions[allowed[positions]]
+        if not len(positions):
+            return []
+        q, s = self.encode_query(query, granularity)
+        alpha = self.encoder.settings.alpha if alpha is None else float(alpha)
+        if self._v1 is not None:
+            return rank_corpus(q, s, self._v1.select(positions.tolist()), granularity, alpha=alpha, top_k=top_k)
+        return self._score(q, s, positions, granularity, top_k, alpha)
 
     def encode_query(self, query: str, granularity: str = "sentence"):
         """``[Q]`` and sub-unit query vectors with the index's model (:meth:`Ranker.encode_query`)."""
@@ -127,11 +262,10 @@ class Index:
         return Ranker(self.encoder, alpha=alpha).explain_all(query, corpus, list(passage_ids))
 
     def _position(self, passage_id: str) -> int:
-        if self._ids is None:
-            self._ids = {pid: k for k, pid in enumerate(self.store.ids() if self.store is not None else self._v1.ids)}
-        if passage_id not in self._ids:
+        found = (self.store.position_of([passage_id]) if self.store is not None else self._v1_ids()).get(passage_id)
+        if found is None:
             raise ValueError(f"index {self.path} has no passage {passage_id!r}")
-        return self._ids[passage_id]
+        return found
 
     def _check(self, granularity: str, top_k: Optional[int]) -> None:
         if granularity not in GRANULARITIES:
@@ -145,16 +279,23 @@ class Index:
     def search_vectors(self, q: torch.Tensor, s: Optional[torch.Tensor], granularity: str = "sentence",
                        top_k: Optional[int] = 10, *, exact: bool = False, nprobe: Optional[int] = None,
                        ncandidates: Optional[int] = None, per_hit: Optional[int] = None,
-                       alpha: Optional[float] = None) -> List[ScoredSpan]:
-        """:meth:`search` with query vectors already encoded (``Ranker.encode_query``)."""
+                       alpha: Optional[float] = None, filter=None,
+                       allowed: Optional[np.ndarray] = _UNSET) -> List[ScoredSpan]:
+        """:meth:`search` with query vectors already encoded (``Ranker.encode_query``); ``allowed``
+        (a mask from :meth:`allowed`) instead of ``filter`` when it is already computed."""
         self._check(granularity, top_k)
+        if allowed is _UNSET:
+            allowed = self.allowed(filter)
         alpha = (self._encoder.settings.alpha if self._encoder is not None
                  else self.manifest["model"]["settings"].get("alpha", 0.5)) if alpha is None else float(alpha)
         if self._v1 is not None:
-            return rank_corpus(q, s, self._v1, granularity, alpha=alpha, top_k=top_k,
-                               span_table=self._spans(self._v1) if granularity == "span" else None)
+            corpus = self._v1 if allowed is None else self._v1.select(np.flatnonzero(allowed).tolist())
+            if len(corpus) == 0:
+                return []
+            return rank_corpus(q, s, corpus, granularity, alpha=alpha, top_k=top_k,
+                               span_table=self._spans(corpus) if granularity == "span" else None)
         if exact:
-            return self._exhaustive(q, s, granularity, top_k, alpha)
+            return self._exhaustive(q, s, granularity, top_k, alpha, allowed)
         nprobe = self.defaults.nprobe if nprobe is None else int(nprobe)
         ncandidates = self.defaults.ncandidates if ncandidates is None else int(ncandidates)
         if nprobe < 1 or ncandidates < 1:
@@ -162,26 +303,53 @@ class Index:
         per_hit = self.defaults.per_hit if per_hit is None else int(per_hit)
         if top_k is not None and granularity == "passage":
             ncandidates = max(ncandidates, per_hit * top_k, top_k)
-        survivors = np.sort(self.candidates(q, nprobe, ncandidates))
+        survivors = np.sort(self.candidates(q, nprobe, ncandidates, allowed))
         return self._score(q, s, survivors, granularity, top_k, alpha)
 
-    def candidates(self, q: torch.Tensor, nprobe: int, ncandidates: int) -> np.ndarray:
-        """Stages 1–2: the ``ncandidates`` passages with the best centroid-approximated scores."""
+    def candidates(self, q: torch.Tensor, nprobe: int, ncandidates: int,
+                   allowed: Optional[np.ndarray] = None) -> np.ndarray:
+        """Stages 1–2: the ``ncandidates`` passages with the best centroid-approximated scores.
+
+        ``allowed`` (a mask of positions: live and admitted by a filter) restricts the inverted lists
+        before pruning. A small allowed set skips stage 1 (all of it goes to stage 2b, or is scored
+        exactly when it is no larger than ``ncandidates``); otherwise ``nprobe`` grows with the share
+        it excludes (next-plaid's N/|subset|) and doubles until the lists give ``ncandidates`` allowed
+        passages or every centroid is probed, so a filtered search never runs short of candidates
+        that exist."""
         store = self.store
         cs = scoring.similarity(q.float(), self._centroids)  # [Lq, K]
-        probe = torch.topk(cs, min(nprobe, cs.shape[1]), dim=1).indices.unique().numpy()
-        lengths = store.ivf.offsets[probe + 1] - store.ivf.offsets[probe]
-        pids = store.ivf.lists(probe)
+        if allowed is not None:
+            count = int(allowed.sum())
+            if count <= PRUNE_FACTOR * ncandidates:
+                unique = np.flatnonzero(allowed)
+                return unique if count <= ncandidates else self._prune_by_codes(cs, unique, ncandidates)
+            nprobe = int(min(cs.shape[1], np.ceil(nprobe * len(allowed) / count)))
+        while True:
+            probe = torch.topk(cs, min(nprobe, cs.shape[1]), dim=1).indices.unique().numpy()
+            lengths = store.ivf.offsets[probe + 1] - store.ivf.offsets[probe]
+            pids = store.ivf.lists(probe)
+            pair_centroid = np.repeat(probe, lengths)
+            if allowed is not None:
+                keep = allowed[pids]
+                pids, pair_centroid = pids[keep], pair_centroid[keep]
+            unique, local = np.unique(pids, return_inverse=True)
+            if allowed is None or len(unique) >= ncandidates or nprobe >= cs.shape[1]:
+                break
+            nprobe = min(cs.shape[1], 2 * nprobe)
         if pids.size == 0:
             return pids
-        pair_centroid = torch.from_numpy(np.repeat(probe, lengths))
-        unique, local = np.unique(pids, return_inverse=True)
-        approx = scoring.segment_maxsim(torch.index_select(cs, 1, pair_centroid), torch.from_numpy(local), len(unique))
+        approx = scoring.segment_maxsim(torch.index_select(cs, 1, torch.from_numpy(pair_centroid)),
+                                        torch.from_numpy(local), len(unique))
         pool = min(len(unique), PRUNE_FACTOR * ncandidates)
         if pool < len(unique):
             unique = unique[_top_indices(approx, pool)]
         if len(unique) <= ncandidates:
             return unique
+        return self._prune_by_codes(cs, unique, ncandidates)
+
+    def _prune_by_codes(self, cs: torch.Tensor, unique: np.ndarray, ncandidates: int) -> np.ndarray:
+        """Stage 2b: Σ_i max over all the passage's tokens' centroids keeps ``ncandidates`` passages."""
+        store = self.store
         codes = torch.from_numpy(store.codes_of(unique))
         owners = torch.repeat_interleave(torch.arange(len(unique)), torch.from_numpy(store.doclens[unique]))
         # index_select gathers 141k columns in 1.4 ms, cs[:, codes] in 3.7 (pooled corpus, 1 thread).
@@ -203,15 +371,19 @@ class Index:
             return rank_corpus(q, s, corpus, "span", alpha=alpha, top_k=top_k, span_table=table)
         return rank_corpus(q, s, corpus, granularity, alpha=alpha, top_k=top_k)
 
-    def _exhaustive(self, q, s, granularity: str, top_k, alpha: float) -> List[ScoredSpan]:
-        """Every passage decompressed and scored, chunk by chunk; top-k merged (ties: index order)."""
+    def _exhaustive(self, q, s, granularity: str, top_k, alpha: float,
+                    allowed: Optional[np.ndarray] = None) -> List[ScoredSpan]:
+        """Every allowed passage decompressed and scored, chunk by chunk; top-k merged (ties: index order)."""
         store = self.store
+        positions = np.arange(len(store)) if allowed is None else np.flatnonzero(allowed)
+        ends = np.cumsum(store.doclens[positions])
         hits: List[ScoredSpan] = []
         lo = 0
-        while lo < len(store):
-            hi = int(np.searchsorted(store.starts, store.starts[lo] + EXACT_CHUNK_TOKENS, side="right")) - 1
-            hi = min(max(hi, lo + 1), len(store))
-            hits.extend(self._score(q, s, np.arange(lo, hi), granularity, top_k, alpha))
+        while lo < len(positions):
+            base = ends[lo - 1] if lo else 0
+            hi = int(np.searchsorted(ends, base + EXACT_CHUNK_TOKENS, side="right"))
+            hi = min(max(hi, lo + 1), len(positions))
+            hits.extend(self._score(q, s, positions[lo:hi], granularity, top_k, alpha))
             lo = hi
         hits.sort(key=lambda h: -h.score)  # stable: equal scores keep index order
         return hits[:top_k] if top_k is not None else hits

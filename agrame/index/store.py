@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import time
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -45,9 +46,10 @@ from ..corpus import EncodedCorpus, Passage
 from ..encoder import EncodedPassage, Encoder
 from ..spans import normalize_span, sorted_token_segments, split_sentences
 from .codec import ResidualCodec, num_centroids
-from .format import (FORMAT_V2, MANIFEST, IndexFolderError, check_files, check_model, crc32_file,
-                     model_block, read_manifest, new_folder, write_manifest)
+from .format import (FORMAT_V2, MANIFEST, IndexFolderError, check_files, crc32_file, ivf_generation,
+                     model_block, read_manifest, store_root)
 from .ivf import InvertedFile, build_ivf, merge_ivf, unique_pairs
+from .metadata import METADATA_FILE, MetadataDB
 
 TOKEN_DTYPE = np.dtype([("start", "<i4"), ("length", "<u2")])
 TOKENS_FILE = "tokens.bin"
@@ -304,7 +306,7 @@ def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | 
                      batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
                      progress: bool = True, sentences: Optional[Sequence] = None,
                      codec: Optional[ResidualCodec] = None, encoded: Optional[EncodedCorpus] = None,
-                     seed: int = 0, store_offsets: bool = False) -> Path:
+                     seed: int = 0, store_offsets: bool = False, lock_timeout: float = 0.0) -> Path:
     """Write an ``agrame-index/2`` folder, streaming: encode a chunk, compress it, append it.
 
     ``codec`` reuses given centroids and buckets (e.g. another index's); ``encoded`` takes
@@ -313,54 +315,79 @@ def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | 
     ``chunks(passages, chunk_passages, bar)`` (see :class:`VectorSource`; e.g. generated vectors).
     Token offsets are recomputed by searches from the text (``encoder.passage_offsets``; those of
     ``encoded`` vectors are checked against it at build time) unless ``store_offsets``.
+
+    A new folder is written under a temporary name beside ``path`` and renamed into place; with
+    ``overwrite``, an existing *index* is replaced in place, under its writer lock, as a new
+    generation (:meth:`agrame.index.writer.IndexWriter.rebuild`): the path always holds the old or
+    the new index. A folder that is not an index is never replaced.
     """
+    from .writer import IndexWriter, build_new_folder, check_passages
+
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise IndexFolderError(f"{path} already exists (use --overwrite to replace it)")
+    passages = check_passages(passages)
     if not passages:
         raise IndexFolderError("no passages to index")
     if sentences is not None and len(sentences) != len(passages):
         raise ValueError(f"sentences: {len(sentences)} lists for {len(passages)} passages")
+    options = dict(nbits=nbits, batch_size=batch_size, chunk_passages=chunk_passages, progress=progress,
+                   sentences=sentences, codec=codec, encoded=encoded, seed=seed, store_offsets=store_offsets)
+    if build_new_folder(path, overwrite, lambda folder: write_store(folder, encoder, passages, **options)):
+        return path
+    with IndexWriter(path, lock_timeout=lock_timeout) as writer:
+        writer.rebuild(encoder, passages, **options)
+    return path
+
+
+def write_store(folder: Path, encoder: Encoder, passages: Sequence[Passage], *, nbits: int = 2,
+                batch_size: int = 16, chunk_passages: int = 1024, progress: bool = True,
+                sentences: Optional[Sequence] = None, codec: Optional[ResidualCodec] = None,
+                encoded: Optional[EncodedCorpus] = None, seed: int = 0, store_offsets: bool = False,
+                generation: int = 1) -> dict:
+    """Write every store file of ``passages`` into ``folder`` (metadata included); the manifest that
+    would commit them (not written: the caller commits)."""
     bar = None
     try:
-        with new_folder(path) as tmp:
-            source = (None if encoded is None else
-                      VectorSource(encoded) if isinstance(encoded, EncodedCorpus) else encoded)
-            if codec is None:
-                codec, cached, codec_info = (train_codec_from(source, nbits, seed=seed) if source is not None else
-                                             train_codec(encoder, passages, nbits, batch_size=batch_size, seed=seed,
-                                                         progress=progress))
-            else:
-                cached, codec_info = {}, {"num_centroids": codec.num_centroids, "given": True}
-            if progress:
-                from tqdm.auto import tqdm
-                bar = tqdm(total=len(passages), desc="indexing", unit="psg", disable=None)
-            files: Dict[str, dict] = {}
-            _codec_files(tmp, codec, files)
-            out = _Appender(tmp, files, store_offsets)
-            writer = _ChunkWriter(out, codec, 0, None if source is None else encoder.passage_offsets)
-            chunks = (source.chunks(passages, chunk_passages, bar) if source is not None else
-                      _encode_chunks(encoder, passages, chunk_passages, batch_size, cached, bar))
-            for lo, part, enc in chunks:
-                writer.write(part, enc, None if sentences is None else sentences[lo:lo + len(part)])
-            out.close()
-            files.update(out.files)
-            ivf = build_ivf(np.concatenate(writer.pairs), codec.num_centroids)
-            _ivf_files(tmp, ivf, 1, files)
-            manifest = {
-                "format": FORMAT_V2, "generation": 1, "agrame_version": __version__,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "model": model_block(encoder), "dim": codec.dim, "nbits": codec.nbits,
-                "num_centroids": codec.num_centroids, "code_dtype": codec.code_dtype.str,
-                "codec": codec_info, "num_passages": writer.next_pid, "num_tokens": writer.tokens,
-                "num_sentences": writer.sentences, "has_spans": writer.has_spans,
-                "token_offsets": "stored" if store_offsets else "tokenizer", "files": files,
-            }
-            write_manifest(tmp, manifest)
+        source = (None if encoded is None else
+                  VectorSource(encoded) if isinstance(encoded, EncodedCorpus) else encoded)
+        if codec is None:
+            codec, cached, codec_info = (train_codec_from(source, nbits, seed=seed) if source is not None else
+                                         train_codec(encoder, passages, nbits, batch_size=batch_size, seed=seed,
+                                                     progress=progress))
+        else:
+            cached, codec_info = {}, {"num_centroids": codec.num_centroids, "given": True}
+        if progress:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(passages), desc="indexing", unit="psg", disable=None)
+        files: Dict[str, dict] = {}
+        _codec_files(folder, codec, files)
+        out = _Appender(folder, files, store_offsets)
+        writer = _ChunkWriter(out, codec, 0, None if source is None else encoder.passage_offsets)
+        chunks = (source.chunks(passages, chunk_passages, bar) if source is not None else
+                  _encode_chunks(encoder, passages, chunk_passages, batch_size, cached, bar))
+        for lo, part, enc in chunks:
+            writer.write(part, enc, None if sentences is None else sentences[lo:lo + len(part)])
+        out.close()
+        files.update(out.files)
+        ivf = build_ivf(np.concatenate(writer.pairs), codec.num_centroids)
+        _ivf_files(folder, ivf, generation, files)
+        db = MetadataDB(folder / METADATA_FILE, writable=True, create=True)
+        try:
+            db.insert((pos, p.id, p.metadata) for pos, p in enumerate(passages))
+        finally:
+            db.close()
     finally:
         if bar is not None:
             bar.close()
-    return path
+    return {
+        "format": FORMAT_V2, "generation": generation, "agrame_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model": model_block(encoder), "dim": codec.dim, "nbits": codec.nbits,
+        "num_centroids": codec.num_centroids, "code_dtype": codec.code_dtype.str,
+        "codec": codec_info, "num_passages": writer.next_pid, "num_tokens": writer.tokens,
+        "num_sentences": writer.sentences, "has_spans": writer.has_spans,
+        "token_offsets": "stored" if store_offsets else "tokenizer", "files": files,
+        "metadata": METADATA_FILE,
+    }
 
 
 class VectorSource:
@@ -459,11 +486,12 @@ class Store:
         if self.manifest["format"] != FORMAT_V2:
             raise IndexFolderError(f"{self.path}: not a compressed ({FORMAT_V2}) index")
         m, files = self.manifest, self.manifest["files"]
-        check_files(self.path, files, verify)
+        self.root = store_root(self.path, m)
+        check_files(self.root, files, verify)
         try:
-            buckets = np.fromfile(self.path / "buckets.f32", dtype="<f4", count=files["buckets.f32"]["size"] // 4)
+            buckets = np.fromfile(self.root / "buckets.f32", dtype="<f4", count=files["buckets.f32"]["size"] // 4)
             B = 1 << m["nbits"]
-            centroids = np.fromfile(self.path / "centroids.f16", dtype=np.float16,
+            centroids = np.fromfile(self.root / "centroids.f16", dtype=np.float16,
                                     count=m["num_centroids"] * m["dim"]).reshape(m["num_centroids"], m["dim"])
             self.codec = ResidualCodec(centroids, buckets[:B - 1], buckets[B - 1:], m["nbits"])
             T, N = m["num_tokens"], m["num_passages"]
@@ -472,34 +500,64 @@ class Store:
             self.tokens = self._map(TOKENS_FILE, TOKEN_DTYPE, (T,)) if offsets_stored(m) else None
             self.sentence_tokens = None if offsets_stored(m) else \
                 self._map(SENTENCE_TOKENS_FILE, np.int32, (m["num_sentences"], 2))
-            self.doclens = np.fromfile(self.path / "doclens.bin", dtype="<i4", count=N).astype(np.int64)
-            sentcounts = np.fromfile(self.path / "sentcounts.bin", dtype="<i4", count=N).astype(np.int64)
-            self.sentences = np.fromfile(self.path / "sentences.bin", dtype="<i4",
+            self.doclens = np.fromfile(self.root / "doclens.bin", dtype="<i4", count=N).astype(np.int64)
+            self.sentcounts = np.fromfile(self.root / "sentcounts.bin", dtype="<i4", count=N).astype(np.int64)
+            self.sentences = np.fromfile(self.root / "sentences.bin", dtype="<i4",
                                          count=2 * m["num_sentences"]).reshape(-1, 2)
-            self.passage_offsets = np.fromfile(self.path / "passage_offsets.bin", dtype="<i8", count=N)
-            g = m["generation"]
-            self.ivf = InvertedFile(np.fromfile(self.path / f"ivf-{g}.offsets.bin", dtype="<i8",
+            self.passage_offsets = np.fromfile(self.root / "passage_offsets.bin", dtype="<i8", count=N)
+            g = ivf_generation(m)
+            self.ivf = InvertedFile(np.fromfile(self.root / f"ivf-{g}.offsets.bin", dtype="<i8",
                                                 count=m["num_centroids"] + 1),
                                     self._map(f"ivf-{g}.pids.bin", np.int32,
                                               (files[f"ivf-{g}.pids.bin"]["size"] // 4,)))
+            tombstones = m.get("tombstones")
+            self.deleted = (np.fromfile(self.root / tombstones, dtype="<i4", count=files[tombstones]["size"] // 4)
+                            .astype(np.int64) if tombstones else np.zeros(0, dtype=np.int64))
         except (OSError, ValueError, KeyError) as exc:
             raise IndexFolderError(f"index {self.path} is damaged: {exc}") from None
+        if len(self.deleted) and (self.deleted.min() < 0 or self.deleted.max() >= N
+                                  or (np.diff(self.deleted) <= 0).any()):
+            raise IndexFolderError(f"index {self.path} is damaged: its tombstones are not sorted positions")
+        self.alive: Optional[np.ndarray] = None  # None: every position is live
+        if len(self.deleted):
+            self.alive = np.ones(N, dtype=bool)
+            self.alive[self.deleted] = False
         self.starts = np.concatenate([[0], np.cumsum(self.doclens)])
-        self.sent_starts = np.concatenate([[0], np.cumsum(sentcounts)])
+        self.sent_starts = np.concatenate([[0], np.cumsum(self.sentcounts)])
         if self.starts[-1] != m["num_tokens"] or self.sent_starts[-1] != m["num_sentences"]:
             raise IndexFolderError(f"index {self.path} is damaged: counts disagree with {MANIFEST}")
         self._text_size = int(files["passages.jsonl"]["size"])
         self._texts = self._map("passages.jsonl", np.uint8, (self._text_size,))
+        self.meta: Optional[MetadataDB] = None
+        if m.get("metadata"):
+            try:
+                self.meta = MetadataDB(self.root / m["metadata"])
+            except (OSError, sqlite3.Error) as exc:
+                raise IndexFolderError(f"index {self.path} is damaged: {m['metadata']}: {exc}") from None
+
+    def close(self) -> None:
+        """Close the metadata connection (memory maps go with the object)."""
+        if self.meta is not None:
+            self.meta.close()
+            self.meta = None
 
     def _map(self, name: str, dtype, shape) -> np.ndarray:
         if int(np.prod(shape)) == 0:
             return np.zeros(shape, dtype=dtype)
         # A plain ndarray view of the mapping: np.memmap's own __getitem__ costs ~25 µs a slice,
         # a third of a passage record's read.
-        return np.memmap(self.path / name, dtype=dtype, mode="r", shape=shape).view(np.ndarray)
+        return np.memmap(self.root / name, dtype=dtype, mode="r", shape=shape).view(np.ndarray)
 
     def __len__(self) -> int:
+        """Stored positions, deleted ones included (:attr:`num_live` counts the others)."""
         return int(self.manifest["num_passages"])
+
+    @property
+    def num_live(self) -> int:
+        return len(self) - len(self.deleted)
+
+    def live_positions(self) -> np.ndarray:
+        return np.arange(len(self)) if self.alive is None else np.flatnonzero(self.alive)
 
     @property
     def num_tokens(self) -> int:
@@ -508,16 +566,57 @@ class Store:
     def record(self, p: int) -> dict:
         """``{"id", "text", "spans"?}`` of passage ``p``, read from the memory-mapped passage file
         (nothing is cached: a long-running server's memory does not grow with what it served)."""
+        return json.loads(self.record_bytes(p))
+
+    def record_bytes(self, p: int) -> bytes:
+        """The stored JSON line of passage position ``p``."""
         start = int(self.passage_offsets[p])
         end = int(self.passage_offsets[p + 1]) if p + 1 < len(self) else self._text_size
-        return json.loads(self._texts[start:end].tobytes())
+        return self._texts[start:end].tobytes()
 
     def ids(self) -> List[str]:
-        out = []
-        with open(self.path / "passages.jsonl", "rb") as f:
-            for _, line in zip(range(len(self)), f):
-                out.append(json.loads(line)["id"])
+        """The id of every stored position (deleted ones included), from the mapped passage file."""
+        return [json.loads(self.record_bytes(p))["id"] for p in range(len(self))]
+
+    def live_ids(self) -> Dict[str, int]:
+        """id → position of every live passage."""
+        if self.meta is not None:
+            rows = self.meta._query("SELECT pos, id FROM passages WHERE pos < ?", (len(self),))
+            pairs = [(pid, pos) for pos, pid in rows]
+        else:
+            pairs = [(pid, pos) for pos, pid in enumerate(self.ids())]
+        alive = self.alive
+        return {pid: pos for pid, pos in pairs if alive is None or alive[pos]}
+
+    def position_of(self, ids: Sequence[str]) -> Dict[str, int]:
+        """Live position of each of ``ids`` that the index holds (absent ids are left out)."""
+        if self.meta is None:
+            live = self.live_ids()
+            return {pid: live[pid] for pid in ids if pid in live}
+        out = {}
+        for pid, positions in self.meta.positions_of(ids, len(self)).items():
+            for pos in reversed(positions):  # an upsert's newest copy is the live one
+                if self.alive is None or self.alive[pos]:
+                    out[pid] = pos
+                    break
         return out
+
+    def metadata(self, p: int) -> dict:
+        return {} if self.meta is None else self.meta.metadata(p)
+
+    def allowed(self, spec) -> Optional[np.ndarray]:
+        """Boolean mask of the live positions a filter admits (None: every position, nothing deleted)."""
+        from .metadata import is_empty, matches, parse_filter
+
+        if is_empty(spec):
+            return None if self.alive is None else self.alive.copy()
+        tree = parse_filter(spec)
+        if self.meta is None:  # an index written before metadata: every passage has none
+            mask = np.full(len(self), matches({}, tree), dtype=bool)
+        else:
+            mask = np.zeros(len(self), dtype=bool)
+            mask[self.meta.positions(tree, len(self))] = True
+        return mask if self.alive is None else mask & self.alive
 
     def token_rows(self, pids: np.ndarray) -> np.ndarray:
         """Token positions of passages ``pids``, concatenated in that order."""
@@ -602,67 +701,36 @@ class Store:
 
 def add_passages(path: str | Path, encoder: Encoder, passages: Sequence[Passage], *, batch_size: int = 16,
                  chunk_passages: int = 1024, progress: bool = True,
-                 sentences: Optional[Sequence] = None) -> dict:
-    """Append passages to an ``agrame-index/2`` folder with its centroids, as one new generation.
+                 sentences: Optional[Sequence] = None, lock_timeout: float = 0.0) -> dict:
+    """Append passages (new ids only) to an ``agrame-index/2`` folder with its centroids, as one new
+    generation, under the writer lock (:class:`agrame.index.writer.IndexWriter`). Returns the new manifest."""
+    from .writer import IndexWriter
 
-    Readers that opened the previous generation keep seeing it; an interrupted add leaves the
-    previous generation committed (the bytes it appended are cut off by the next writer).
-    Returns the new manifest.
-    """
-    path = Path(path)
-    manifest = read_manifest(path)
-    if manifest["format"] != FORMAT_V2:
-        raise IndexFolderError(f"{path} is a {manifest['format']} index; --add needs a compressed "
-                               f"({FORMAT_V2}) index (rebuild it)")
-    check_model(manifest, encoder, path)
-    store = Store(path, manifest)
-    if not passages:
-        raise IndexFolderError("no passages to add")
-    if sentences is not None and len(sentences) != len(passages):
-        raise ValueError(f"sentences: {len(sentences)} lists for {len(passages)} passages")
-    known = set(store.ids())
-    clash = [p.id for p in passages if p.id in known]
-    if clash:
-        raise IndexFolderError(f"passage ids already in {path}: {clash[:5]}")
-    files = {k: v for k, v in manifest["files"].items()}
-    stored = offsets_stored(manifest)
-    out = _Appender(path, {k: files[k] for k in append_files(stored)}, stored)
-    writer = _ChunkWriter(out, store.codec, len(store))
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=len(passages), desc="adding", unit="psg", disable=None)
-    try:
-        for lo, part, enc in _encode_chunks(encoder, passages, chunk_passages, batch_size, {}, bar):
-            writer.write(part, enc, None if sentences is None else sentences[lo:lo + len(part)])
-    finally:
-        out.close()
-        if bar is not None:
-            bar.close()
-    files.update(out.files)
-    generation = int(manifest["generation"]) + 1
-    ivf = merge_ivf(store.ivf, np.concatenate(writer.pairs), store.codec.num_centroids)
-    old = [name for name in files if name.startswith(f"ivf-{generation - 1}.")]
-    for name in old:
-        files.pop(name)
-    _ivf_files(path, ivf, generation, files)
-    new = {**manifest, "generation": generation, "num_passages": writer.next_pid,
-           "num_tokens": manifest["num_tokens"] + writer.tokens,
-           "num_sentences": manifest["num_sentences"] + writer.sentences, "files": files,
-           "has_spans": bool(manifest.get("has_spans")) or writer.has_spans,
-           "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    write_manifest(path, new)
-    # Readers of the previous generation may still map its inverted file: keep it, drop older ones.
-    for stale in path.glob("ivf-*.bin"):
-        if int(stale.name.split("-")[1].split(".")[0]) < generation - 1:
-            stale.unlink(missing_ok=True)
-    return new
+    with IndexWriter(path, lock_timeout=lock_timeout) as writer:
+        return writer.add(encoder, passages, batch_size=batch_size, chunk_passages=chunk_passages,
+                          progress=progress, sentences=sentences)
 
 
 def verify_crc(path: str | Path) -> None:
-    """Checksum every file of a compressed index (also the large ones ``open`` only sizes)."""
+    """Checksum every file of a compressed index (also the large ones ``open`` only sizes), and run
+    SQLite's integrity check on its metadata file."""
     manifest = read_manifest(path)
-    check_files(Path(path), manifest.get("files", {}), verify=True)
+    if manifest["format"] != FORMAT_V2:
+        return
+    root = store_root(Path(path), manifest)
+    check_files(root, manifest.get("files", {}), verify=True)
+    if manifest.get("metadata"):
+        try:
+            db = MetadataDB(root / manifest["metadata"])
+            try:
+                db.check()
+                if db.count() < manifest["num_passages"]:
+                    raise sqlite3.DatabaseError(f"{db.count()} rows for {manifest['num_passages']} passages")
+            finally:
+                db.close()
+        except (OSError, sqlite3.Error) as exc:
+            raise IndexFolderError(f"index {path} is damaged: {manifest['metadata']}: {exc}") from None
 
 
-__all__ = ["Store", "build_compressed", "add_passages", "offsets_stored", "train_codec", "verify_crc", "crc32_file"]
+__all__ = ["Store", "build_compressed", "add_passages", "offsets_stored", "train_codec", "verify_crc", "crc32_file",
+           "write_store"]

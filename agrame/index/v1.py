@@ -20,7 +20,7 @@ import torch
 from .. import __version__
 from ..corpus import EncodedCorpus, Passage
 from ..encoder import Encoder
-from .format import FORMAT_V1 as FORMAT, MANIFEST, IndexFolderError, model_block, read_manifest, new_folder
+from .format import FORMAT_V1 as FORMAT, MANIFEST, IndexFolderError, model_block, read_manifest
 
 VECTORS = "vectors.f16"
 
@@ -32,46 +32,51 @@ def build_index(encoder: Encoder, passages: Sequence[Passage], path: str | Path,
 
     ``sentences`` optionally gives each passage's sentence spans (default: Punkt).
     """
+    from .writer import build_new_folder, check_passages
+
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise IndexFolderError(f"{path} already exists (use --overwrite to replace it)")
+    passages = check_passages(passages)
     if not passages:
         raise IndexFolderError("no passages to index")
     bar = None
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(passages), desc="indexing", unit="psg", disable=None)
+
+    def write(tmp: Path) -> None:
+        parts: List[EncodedCorpus] = []
+        num_tokens = 0
+        with open(tmp / VECTORS, "wb") as vec_file:
+            for lo in range(0, len(passages), chunk_passages):
+                chunk = list(passages[lo:lo + chunk_passages])
+                encoded = encoder.encode_passages([p.text for p in chunk], batch_size=batch_size)
+                given = None if sentences is None else sentences[lo:lo + chunk_passages]
+                part = EncodedCorpus.build(chunk, encoded, given)
+                vec_file.write(part.vectors.to(torch.float16).numpy().tobytes())
+                num_tokens += part.num_tokens
+                # Keep everything but the vectors, which are already on disk.
+                part.vectors = torch.empty((0, part.vectors.shape[1]))
+                parts.append(part)
+                if bar is not None:
+                    bar.update(len(chunk))
+        _write_tables(tmp, parts)
+        num_sentences = sum(int(p.sentences.shape[0]) for p in parts)
+        manifest = {
+            "format": FORMAT,
+            "agrame_version": __version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "model": model_block(encoder),
+            "dim": encoder.dim,
+            "num_passages": len(passages),
+            "num_tokens": num_tokens,
+            "num_sentences": num_sentences,
+            "vectors_dtype": "float16",
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
     try:
-        with new_folder(path) as tmp:
-            parts: List[EncodedCorpus] = []
-            num_tokens = 0
-            with open(tmp / VECTORS, "wb") as vec_file:
-                for lo in range(0, len(passages), chunk_passages):
-                    chunk = list(passages[lo:lo + chunk_passages])
-                    encoded = encoder.encode_passages([p.text for p in chunk], batch_size=batch_size)
-                    given = None if sentences is None else sentences[lo:lo + chunk_passages]
-                    part = EncodedCorpus.build(chunk, encoded, given)
-                    vec_file.write(part.vectors.to(torch.float16).numpy().tobytes())
-                    num_tokens += part.num_tokens
-                    # Keep everything but the vectors, which are already on disk.
-                    part.vectors = torch.empty((0, part.vectors.shape[1]))
-                    parts.append(part)
-                    if bar is not None:
-                        bar.update(len(chunk))
-            _write_tables(tmp, parts)
-            sentences = sum(int(p.sentences.shape[0]) for p in parts)
-            manifest = {
-                "format": FORMAT,
-                "agrame_version": __version__,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "model": model_block(encoder),
-                "dim": encoder.dim,
-                "num_passages": len(passages),
-                "num_tokens": num_tokens,
-                "num_sentences": sentences,
-                "vectors_dtype": "float16",
-            }
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        # Format 1 has no generations: a replaced index swaps places with the new one atomically.
+        build_new_folder(path, overwrite, write, exchange=True)
     finally:
         if bar is not None:
             bar.close()

@@ -1,4 +1,11 @@
-"""The HTTP API: ``POST /search``, ``POST /rank``, ``POST /cite``, ``GET /health`` and ``GET /``.
+"""The HTTP API: ``POST /search``, ``POST /rank``, ``POST /cite``, ``GET /health``, ``GET /`` and,
+over an index, ``GET /passages/{id}``, ``POST /passages`` (upsert) and ``DELETE /passages``.
+
+Writes are refused (403) unless the server runs with ``allow_writes`` *and* an API key, which a
+write must send (``Authorization: Bearer KEY`` or ``X-API-Key: KEY``; compared in constant time;
+401 without it); ``protect_reads`` asks the same of every endpoint but ``/`` and ``/health``.
+A write takes the index's writer lock (:class:`agrame.index.IndexWriter`), so it is serialised
+with ``agrame index``/``delete``/``compact`` run beside the server.
 
 Requests never name files: the index folder is fixed when the server starts and opened
 read-only. Each request takes the index generation current when it starts and uses only
@@ -14,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Literal, Optional, Union
+from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, Field
 
@@ -30,6 +37,10 @@ class Limits:
     max_passage_chars: int = 20_000
     max_query_chars: int = 1_000
     max_answer_chars: int = 5_000
+    max_write_passages: int = 1_000
+    max_delete_ids: int = 100_000
+    #: Seconds a write waits for the index's writer lock (another writer at work) before a 503.
+    write_lock_timeout: float = 30.0
 
 
 class PassageIn(BaseModel):
@@ -44,14 +55,35 @@ class SearchRequest(BaseModel):
     explain: bool = False
     nprobe: Optional[int] = Field(None, ge=1, le=1024)
     ncandidates: Optional[int] = Field(None, ge=1, le=8192)
+    filter: Optional[Dict[str, Any]] = None
 
 
 class RankRequest(BaseModel):
+    """Rank given ``passages``, or (``ids``) passages of the index by id, optionally ``filter``-ed."""
+
     query: str
-    passages: List[Union[str, PassageIn]]
+    passages: Optional[List[Union[str, PassageIn]]] = None
+    ids: Optional[List[str]] = None
+    filter: Optional[Dict[str, Any]] = None
     granularity: Literal["passage", "sentence"] = "sentence"
     top_k: int = Field(10, ge=1)
     explain: bool = False
+
+
+class StoredPassage(BaseModel):
+    id: str
+    text: str
+    metadata: Optional[Dict[str, Any]] = None
+
+
+class UpsertRequest(BaseModel):
+    passages: List[StoredPassage]
+
+
+class DeleteRequest(BaseModel):
+    ids: Optional[List[str]] = None
+    filter: Optional[Dict[str, Any]] = None
+    missing: Literal["error", "ok"] = "error"
 
 
 class CiteRequest(BaseModel):
@@ -122,6 +154,10 @@ def _passages(items, limits: Limits):
     return out
 
 
+class _RetryLater(Exception):
+    """The index is busy (another writer holds its lock): 503 with Retry-After."""
+
+
 class _Error(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
@@ -149,9 +185,14 @@ def _explained(hits, explain_all) -> dict:
     return dict(zip(ids, explain_all(ids))) if ids else {}
 
 
-def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None, limits: Limits = Limits()):
-    """The FastAPI application over ``index`` (optional: ``/rank`` and ``/cite`` work without one)."""
-    from fastapi import FastAPI, Request
+def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None, limits: Limits = Limits(), *,
+               allow_writes: bool = False, api_key: Optional[str] = None, protect_reads: bool = False):
+    """The FastAPI application over ``index`` (optional: ``/rank`` and ``/cite`` work without one).
+
+    ``allow_writes`` needs ``api_key``; ``protect_reads`` requires the key on reads too."""
+    import hmac
+
+    from fastapi import Depends, FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import FileResponse, JSONResponse
 
@@ -169,8 +210,34 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
     else:
         encoder = load_encoder(model)
     ranker = Ranker(encoder)
+    if (allow_writes or protect_reads) and not api_key:
+        raise ValueError("allow_writes and protect_reads need an API key")
     app = FastAPI(title="AGRaME", version=__version__,
                   description="Any-granularity ranking: search an index, rank given passages, cite an answer.")
+    write_lock = threading.Lock()  # one write at a time in this process (the folder lock serialises the rest)
+
+    def _key_of(request: Request) -> Optional[str]:
+        auth = request.headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            return auth[7:].strip()
+        return request.headers.get("x-api-key")
+
+    def _authorised(request: Request) -> None:
+        given = _key_of(request)
+        if given is None or not hmac.compare_digest(given.encode("utf-8", "surrogatepass"),
+                                                    api_key.encode("utf-8")):
+            raise _Error(401, "a valid API key is required (Authorization: Bearer KEY or X-API-Key: KEY)")
+
+    def reader(request: Request) -> None:
+        if protect_reads:
+            _authorised(request)
+
+    def writer(request: Request) -> None:
+        if not allow_writes:
+            raise _Error(403, "this server is read-only (start it with --allow-writes and an API key)")
+        _authorised(request)
+        if holder is None:
+            raise _Error(404, "this server has no index (start it with --index DIR)")
 
     @app.exception_handler(_Error)
     async def _error(_: Request, exc: _Error):
@@ -182,9 +249,15 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
         where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
         return JSONResponse({"error": f"{where or 'body'}: {first.get('msg', 'invalid request')}"}, status_code=422)
 
+    @app.exception_handler(_RetryLater)
+    async def _busy(_: Request, exc: _RetryLater):
+        return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": "1"})
+
     @app.exception_handler(ValueError)
     async def _value(_: Request, exc: ValueError):
-        return JSONResponse({"error": str(exc)}, status_code=400)
+        from ..index import UnknownIdsError
+
+        return JSONResponse({"error": str(exc)}, status_code=404 if isinstance(exc, UnknownIdsError) else 400)
 
     def check_query(query: str, top_k: Optional[int] = None) -> None:
         if not query.strip():
@@ -202,13 +275,13 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
             idx = holder.current()
             m = idx.manifest
             out["index"] = {"name": holder.path.name, "format": m["format"], "generation": m.get("generation", 1),
-                            "passages": m["num_passages"], "tokens": m["num_tokens"],
+                            "passages": len(idx), "deleted": m.get("num_deleted", 0), "tokens": m["num_tokens"],
                             "sentences": m["num_sentences"], "nbits": m.get("nbits")}
             if holder.reload_error:
                 out["index"]["reload_error"] = holder.reload_error
         return out
 
-    @app.post("/search")
+    @app.post("/search", dependencies=[Depends(reader)])
     def search(req: SearchRequest):
         if holder is None:
             raise _Error(404, "this server has no index (start it with --index DIR)")
@@ -216,15 +289,29 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
         idx = holder.current()  # one generation for the whole request
         started = time.perf_counter()
         hits = idx.search(req.query, req.granularity, top_k=req.top_k, nprobe=req.nprobe,
-                          ncandidates=req.ncandidates)
+                          ncandidates=req.ncandidates, filter=req.filter)
         explained = _explained(hits, lambda ids: idx.explain_all(req.query, ids)) if req.explain else {}
         results = [_hit(h, explained.get(h.passage_id)) for h in hits]
         return {"query": req.query, "granularity": req.granularity, "generation": idx.manifest.get("generation", 1),
                 "passages": len(idx), "ms": round(1000 * (time.perf_counter() - started), 1), "results": results}
 
-    @app.post("/rank")
+    @app.post("/rank", dependencies=[Depends(reader)])
     def rank(req: RankRequest):
         check_query(req.query, req.top_k)
+        if (req.passages is None) == (req.ids is None):
+            raise _Error(400, "give either passages or ids (passages of the index)")
+        if req.ids is not None:
+            if holder is None:
+                raise _Error(404, "this server has no index: rank given passages instead of ids")
+            if len(req.ids) > limits.max_passages:
+                raise _Error(413, f"{len(req.ids)} ids: at most {limits.max_passages} per request")
+            idx = holder.current()
+            hits = idx.rank_ids(req.query, req.ids, req.granularity, top_k=req.top_k, filter=req.filter)
+            explained = _explained(hits, lambda ids: idx.explain_all(req.query, ids)) if req.explain else {}
+            return {"query": req.query, "granularity": req.granularity, "generation": idx.manifest.get("generation", 1),
+                    "results": [_hit(h, explained.get(h.passage_id)) for h in hits]}
+        if req.filter is not None:
+            raise _Error(400, "filter applies to passages of the index (ids), not to given passages")
         passages = _passages(req.passages, limits)
         corpus = ranker.encode(passages)
         hits = ranker.rank(req.query, corpus, req.granularity, top_k=req.top_k)
@@ -232,7 +319,57 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
         results = [_hit(h, explained.get(h.passage_id)) for h in hits]
         return {"query": req.query, "granularity": req.granularity, "results": results}
 
-    @app.post("/cite")
+    @app.get("/passages/{passage_id}", dependencies=[Depends(reader)])
+    def get_passage(passage_id: str):
+        if holder is None:
+            raise _Error(404, "this server has no index (start it with --index DIR)")
+        idx = holder.current()
+        record = idx.get(passage_id)
+        if record is None:
+            raise _Error(404, f"no passage {passage_id!r}")
+        return {**record, "generation": idx.manifest.get("generation", 1)}
+
+    def _write(change):
+        from ..index import IndexLockedError, IndexWriter
+
+        with write_lock:
+            try:
+                with IndexWriter(holder.path, lock_timeout=limits.write_lock_timeout) as w:
+                    manifest = change(w)
+            except IndexLockedError as exc:
+                raise _RetryLater(str(exc)) from None
+        holder.current()  # serve the committed generation from the next request on
+        return manifest
+
+    @app.post("/passages", dependencies=[Depends(writer)])
+    def upsert(req: UpsertRequest):
+        if not req.passages:
+            raise _Error(400, "no passages given")
+        if len(req.passages) > limits.max_write_passages:
+            raise _Error(413, f"{len(req.passages)} passages: at most {limits.max_write_passages} per request")
+        from ..corpus import Passage
+
+        for p in req.passages:
+            if len(p.text) > limits.max_passage_chars:
+                raise _Error(413, f"passage {p.id!r}: {len(p.text)} characters, at most {limits.max_passage_chars}")
+        passages = [Passage(p.id, p.text, metadata=p.metadata) for p in req.passages]
+        manifest = _write(lambda w: w.upsert(encoder, passages))
+        return {"upserted": len(passages), "generation": manifest["generation"],
+                "passages": manifest["num_passages"] - manifest.get("num_deleted", 0)}
+
+    @app.delete("/passages", dependencies=[Depends(writer)])
+    def delete(req: DeleteRequest):
+        if (req.ids is None) == (req.filter is None):
+            raise _Error(400, "give either ids or a filter")
+        if req.ids is not None and len(req.ids) > limits.max_delete_ids:
+            raise _Error(413, f"{len(req.ids)} ids: at most {limits.max_delete_ids} per request")
+        before = len(holder.current())
+        manifest = _write(lambda w: w.delete(req.ids, missing=req.missing) if req.ids is not None
+                          else w.delete_where(req.filter))
+        left = manifest["num_passages"] - manifest.get("num_deleted", 0)
+        return {"deleted": before - left, "generation": manifest["generation"], "passages": left}
+
+    @app.post("/cite", dependencies=[Depends(reader)])
     def cite(req: CiteRequest):
         if not req.answer.strip():
             raise _Error(400, "answer is empty")

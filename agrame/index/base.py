@@ -1,0 +1,37 @@
+"""The small interface every index backend implements (PyLate's ``indexes/base.py`` in spirit):
+the local folder (:class:`agrame.index.Index`) today; sharded and Ray-backed indexes implement
+the same five operations, so front ends (CLI, HTTP, integrations) never depend on the backend."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Iterable, List, Mapping, Optional, Sequence
+
+
+class BaseIndex(ABC):
+    """add / upsert / delete / get / search by the user's own passage ids."""
+
+    @abstractmethod
+    def add(self, passages: Iterable, **options) -> dict:
+        """Add passages with new ids (an id the index holds is an error); returns the commit's manifest."""
+
+    @abstractmethod
+    def upsert(self, passages: Iterable, **options) -> dict:
+        """Replace passages whose ids exist, add the rest, in one commit."""
+
+    @abstractmethod
+    def delete(self, ids: Sequence[str], *, missing: str = "error", **options) -> dict:
+        """Delete passages by id (unknown ids are an error unless ``missing="ok"``)."""
+
+    @abstractmethod
+    def get(self, passage_id: str) -> Optional[dict]:
+        """``{"id", "text", "metadata"}`` of a live passage, or None."""
+
+    @abstractmethod
+    def search(self, query: str, granularity: str = "sentence", top_k: Optional[int] = 10, *,
+               filter: Optional[Mapping[str, Any]] = None, **options) -> List:
+        """Ranked hits (passages, sentences or spans), best first, restricted by a metadata filter."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Live passages."""

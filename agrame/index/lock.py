@@ -1,0 +1,94 @@
+"""One writer at a time: an OS file lock (``flock``) on ``DIR/.lock``, the holder's pid written inside.
+
+The kernel drops the lock when its holder dies (even by SIGKILL), so a lock is never stale;
+the pid in the file is only there to name the holder in a refusal. Readers never take it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+from .format import IndexFolderError
+
+LOCK_FILE = ".lock"
+
+
+class IndexLockedError(IndexFolderError):
+    """Another writer holds the index's lock (``holder``: its pid, when it could be read)."""
+
+    def __init__(self, path: Path, holder: Optional[int], waited: float):
+        self.holder = holder
+        who = f"process {holder}" if holder else "another process"
+        super().__init__(f"index {path} is being written by {who}"
+                         + (f" (waited {waited:g} s)" if waited else "")
+                         + "; try again when it is done, or wait for it with --lock-timeout SECONDS")
+
+
+class WriterLock:
+    """``with WriterLock(folder, timeout):`` — exclusive writer access, waiting up to ``timeout`` seconds."""
+
+    POLL = 0.05
+
+    def __init__(self, folder: str | Path, timeout: float = 0.0):
+        self.folder = Path(folder)
+        self.timeout = max(0.0, float(timeout))
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> "WriterLock":
+        try:
+            fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise IndexFolderError(f"index {self.folder}: cannot open its lock file: {exc.strerror}") from None
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = _read_pid(fd)
+                    os.close(fd)
+                    raise IndexLockedError(self.folder, holder, self.timeout) from None
+                time.sleep(self.POLL)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, 0)
+            finally:
+                os.close(self._fd)  # closing drops the flock
+                self._fd = None
+
+    def __enter__(self) -> "WriterLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_pid(fd: int) -> Optional[int]:
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip() or 0) or None
+    except (OSError, ValueError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (a temporary file's writer that may still be at work)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

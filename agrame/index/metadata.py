@@ -1,0 +1,384 @@
+"""Passage metadata in an embedded SQLite file, and the JSON filter language compiled to
+*parameterised* SQL (a key or a value is always a bound parameter, never SQL text).
+
+Metadata: one JSON object per passage whose values are strings, numbers, booleans or lists
+of those (no ``null``, no nested objects). A filter is a JSON object:
+
+=============================  ======================================================
+``{"source": "wiki"}``          equality (``$eq``); on a list field: the list contains it
+``{"year": {"$gte": 2020}}``    ``$gt $gte $lt $lte`` (numbers with numbers, strings with strings)
+``{"lang": {"$in": [..]}}``     ``$in``, ``$nin``, ``$ne`` (``$nin``/``$ne`` match a missing field)
+``{"draft": {"$exists": false}}`` whether the field is present
+``{"$and": [..]}``              also ``$or: [..]`` and ``$not: {..}``; several keys in one object: all must hold
+=============================  ======================================================
+
+Booleans equal only booleans (``true`` is not ``1``). :func:`matches` evaluates a filter in
+plain Python; the SQL compiled by :func:`compile_filter` must agree with it (tested on random
+metadata and random filters).
+
+Storage (``meta.sqlite`` in the index's store folder, WAL mode, so readers are never blocked):
+``passages(pos, id, meta)`` — one row per stored position, append-only like the store — and
+``fields(pos, key, t, v)`` — one row per scalar value (``t``: ``s`` string, ``n`` number,
+``b`` boolean, ``e`` an empty list), indexed by ``(key, t, v)``. A reader of generation G sees
+positions below G's ``num_passages`` that G's tombstones do not mark, so rows a writer adds
+for the next generation are invisible until its manifest commits.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+METADATA_FILE = "meta.sqlite"
+#: Largest ``$in``/``$nin`` list and deepest nesting a filter may have (a bound on the SQL it becomes).
+MAX_FILTER_VALUES = 10_000
+MAX_FILTER_DEPTH = 32
+COMPARISONS = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
+OPERATORS = ("$eq", "$ne", "$in", "$nin", "$exists", *COMPARISONS)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS passages (pos INTEGER PRIMARY KEY, id TEXT NOT NULL, meta TEXT);
+CREATE INDEX IF NOT EXISTS passages_id ON passages(id);
+CREATE TABLE IF NOT EXISTS fields (pos INTEGER NOT NULL, key TEXT NOT NULL, t TEXT NOT NULL, v);
+CREATE INDEX IF NOT EXISTS fields_kv ON fields(key, t, v, pos);
+CREATE INDEX IF NOT EXISTS fields_pos ON fields(pos);
+"""
+
+
+class FilterError(ValueError):
+    """A filter that is not valid in the filter language (the message names where)."""
+
+
+class MetadataError(ValueError):
+    """Passage metadata outside what can be stored (the message names the field)."""
+
+
+# -- values -------------------------------------------------------------------------------
+
+def _kind(value: Any) -> Optional[str]:
+    if isinstance(value, bool):
+        return "b"
+    if isinstance(value, (int, float)):
+        return "n"
+    if isinstance(value, str):
+        return "s"
+    return None
+
+
+def _check_string(value: str, where: str, error=MetadataError) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise error(f"{where}: not valid Unicode (a lone surrogate)") from None
+
+
+def _check_scalar(value: Any, where: str, error=MetadataError) -> str:
+    kind = _kind(value)
+    if kind is None:
+        raise error(f"{where}: expected a string, number or boolean, got "
+                    f"{'null' if value is None else type(value).__name__}")
+    if kind == "n" and not math.isfinite(float(value)):
+        raise error(f"{where}: numbers must be finite")
+    if kind == "n" and isinstance(value, int) and abs(value) > 2 ** 53:
+        raise error(f"{where}: integers beyond ±2^53 are not exact as stored numbers")
+    if kind == "s":
+        _check_string(value, where, error)
+    return kind
+
+
+def validate_metadata(meta: Any, where: str = "metadata") -> Dict[str, Any]:
+    """``meta`` checked (an object of strings, numbers, booleans and lists of them), or MetadataError."""
+    if meta is None:
+        return {}
+    if not isinstance(meta, Mapping):
+        raise MetadataError(f"{where}: expected a JSON object, got {type(meta).__name__}")
+    out = {}
+    for key, value in meta.items():
+        if not isinstance(key, str) or not key or key.startswith("$"):
+            raise MetadataError(f"{where}: field name {key!r} must be a non-empty string not starting with '$'")
+        _check_string(key, f"{where}: field name", MetadataError)
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                _check_scalar(item, f"{where}.{key}[{i}]")
+        else:
+            _check_scalar(value, f"{where}.{key}")
+        out[key] = list(value) if isinstance(value, list) else value
+    return out
+
+
+def _values(meta: Mapping[str, Any], key: str) -> List[Any]:
+    if key not in meta:
+        return []
+    value = meta[key]
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _same(a: Any, b: Any) -> bool:
+    ka, kb = _kind(a), _kind(b)
+    if ka != kb:
+        return False
+    return float(a) == float(b) if ka == "n" else a == b
+
+
+# -- the filter language -------------------------------------------------------------------
+
+def _operand(value: Any, where: str) -> Tuple[str, Any]:
+    return _check_scalar(value, where, FilterError), value
+
+
+def _stored(kind: str, value: Any) -> Any:
+    """How a scalar is stored in (and compared by) SQLite: numbers as REAL, booleans as 0/1."""
+    return float(value) if kind == "n" else int(value) if kind == "b" else value
+
+
+def _parse(node: Any, where: str, depth: int):
+    """A filter → a small tree: ("and", [..]) / ("or", [..]) / ("not", x) / ("field", key, op, arg)."""
+    if depth > MAX_FILTER_DEPTH:
+        raise FilterError(f"{where}: nested more than {MAX_FILTER_DEPTH} deep")
+    if not isinstance(node, Mapping):
+        raise FilterError(f"{where}: expected a JSON object, got {type(node).__name__}")
+    parts = []
+    for key, value in node.items():
+        if not isinstance(key, str):
+            raise FilterError(f"{where}: keys must be strings")
+        _check_string(key, f"{where}: key", FilterError)
+        if key in ("$and", "$or"):
+            if not isinstance(value, list) or not value:
+                raise FilterError(f"{where}.{key}: expected a non-empty list of filters")
+            parts.append((key[1:], [_parse(v, f"{where}.{key}[{i}]", depth + 1) for i, v in enumerate(value)]))
+        elif key == "$not":
+            parts.append(("not", _parse(value, f"{where}.$not", depth + 1)))
+        elif key.startswith("$"):
+            raise FilterError(f"{where}: unknown operator {key!r} (at this level: $and, $or, $not, or a field name)")
+        elif not key:
+            raise FilterError(f"{where}: empty field name")
+        elif isinstance(value, Mapping):
+            if not value:
+                raise FilterError(f"{where}.{key}: an empty condition")
+            for op, arg in value.items():
+                parts.append(_condition(key, op, arg, f"{where}.{key}"))
+        elif isinstance(value, list):
+            raise FilterError(f"{where}.{key}: a list is not a value to compare with (use {{\"$in\": [...]}})")
+        else:
+            parts.append(("field", key, "$eq", _operand(value, f"{where}.{key}")))
+    return ("and", parts)
+
+
+def _condition(key: str, op: Any, arg: Any, where: str):
+    if op not in OPERATORS:
+        raise FilterError(f"{where}: unknown operator {op!r}; use one of {', '.join(OPERATORS)}")
+    if op == "$exists":
+        if not isinstance(arg, bool):
+            raise FilterError(f"{where}.$exists: expected true or false")
+        return ("field", key, op, arg)
+    if op in ("$in", "$nin"):
+        if not isinstance(arg, list):
+            raise FilterError(f"{where}.{op}: expected a list of values")
+        if len(arg) > MAX_FILTER_VALUES:
+            raise FilterError(f"{where}.{op}: {len(arg)} values, at most {MAX_FILTER_VALUES}")
+        return ("field", key, op, [_operand(v, f"{where}.{op}[{i}]") for i, v in enumerate(arg)])
+    kind, value = _operand(arg, f"{where}.{op}")
+    if op in COMPARISONS and kind == "b":
+        raise FilterError(f"{where}.{op}: compare numbers or strings, not booleans")
+    return ("field", key, op, (kind, value))
+
+
+def parse_filter(spec: Any) -> tuple:
+    """Check a filter (a dict, or its JSON text); the parsed tree, or FilterError naming the place."""
+    if isinstance(spec, (str, bytes)):
+        try:
+            spec = json.loads(spec)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise FilterError(f"filter: not valid JSON: {exc}") from None
+    return _parse(spec, "filter", 0)
+
+
+def matches(meta: Mapping[str, Any], spec: Any) -> bool:
+    """Plain-Python evaluation of a filter on one passage's metadata (the reference for the SQL)."""
+    return _eval(parse_filter(spec) if not isinstance(spec, tuple) else spec, meta)
+
+
+def _eval(node, meta) -> bool:
+    tag = node[0]
+    if tag == "and":
+        return all(_eval(n, meta) for n in node[1])
+    if tag == "or":
+        return any(_eval(n, meta) for n in node[1])
+    if tag == "not":
+        return not _eval(node[1], meta)
+    _, key, op, arg = node
+    values = _values(meta, key)
+    if op == "$exists":
+        return (key in meta) == arg
+    if op in ("$eq", "$ne"):
+        hit = any(_same(v, arg[1]) for v in values)
+        return hit if op == "$eq" else not hit
+    if op in ("$in", "$nin"):
+        hit = any(_same(v, a[1]) for v in values for a in arg)
+        return hit if op == "$in" else not hit
+    kind, bound = arg
+    compare = {"$gt": lambda a: a > bound, "$gte": lambda a: a >= bound,
+               "$lt": lambda a: a < bound, "$lte": lambda a: a <= bound}[op]
+    return any(_kind(v) == kind and compare(float(v) if kind == "n" else v) for v in values)
+
+
+def compile_filter(spec: Any) -> Tuple[str, List[Any]]:
+    """A filter → (SQL boolean expression over ``p.pos``, its parameters). Keys and values are
+    only ever parameters."""
+    params: List[Any] = []
+    sql = _sql(parse_filter(spec) if not isinstance(spec, tuple) else spec, params)
+    return sql, params
+
+
+def _sql(node, params: List[Any]) -> str:
+    tag = node[0]
+    if tag in ("and", "or"):
+        if not node[1]:
+            return "1" if tag == "and" else "0"
+        return "(" + f" {tag.upper()} ".join(_sql(n, params) for n in node[1]) + ")"
+    if tag == "not":
+        return f"NOT {_sql(node[1], params)}"
+    _, key, op, arg = node
+    sub = "p.pos IN (SELECT pos FROM fields WHERE key = ?"
+    if op == "$exists":
+        params.append(key)
+        return f"({sub}))" if arg else f"(NOT {sub}))"
+    if op in ("$in", "$nin"):
+        if not arg:
+            return "0" if op == "$in" else "1"
+        by_kind: Dict[str, List[Any]] = {}
+        for kind, value in arg:
+            by_kind.setdefault(kind, []).append(value)
+        ors = []
+        params.append(key)
+        for kind, values in by_kind.items():
+            ors.append(f"(t = ? AND v IN ({', '.join('?' * len(values))}))")
+            params.extend([kind, *(_stored(kind, v) for v in values)])
+        expr = f"({sub} AND ({' OR '.join(ors)})))"
+        return expr if op == "$in" else f"(NOT {expr})"
+    kind, value = arg
+    sign = "=" if op in ("$eq", "$ne") else COMPARISONS[op]
+    params.extend([key, kind, _stored(kind, value)])
+    expr = f"({sub} AND t = ? AND v {sign} ?))"
+    return f"(NOT {expr})" if op == "$ne" else expr
+
+
+def is_empty(spec: Any) -> bool:
+    """Whether a filter restricts nothing (``None`` or ``{}``)."""
+    return spec is None or (isinstance(spec, Mapping) and not spec)
+
+
+# -- the SQLite file -----------------------------------------------------------------------
+
+def _field_rows(pos: int, meta: Mapping[str, Any]) -> Iterable[tuple]:
+    for key, value in meta.items():
+        if isinstance(value, list) and not value:
+            yield pos, key, "e", None
+        for v in (value if isinstance(value, list) else [value]):
+            kind = _kind(v)
+            yield pos, key, kind, _stored(kind, v)
+
+
+class MetadataDB:
+    """One store folder's ``meta.sqlite``: read-only for readers (``writable=False``), or a writer's."""
+
+    def __init__(self, path: str | Path, writable: bool = False, create: bool = False):
+        self.path = Path(path)
+        if writable:
+            self.conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=FULL")
+            if create:
+                self.conn.executescript(_SCHEMA)
+        else:
+            if not self.path.exists():
+                raise FileNotFoundError(str(self.path))
+            self.conn = sqlite3.connect(self.path.resolve().as_uri() + "?mode=ro", uri=True, check_same_thread=False,
+                                        isolation_level=None)
+        self.conn.execute("PRAGMA busy_timeout=10000")
+        self._lock = threading.Lock()  # one connection shared by a server's threads
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list:
+        with self._lock:
+            return self.conn.execute(sql, params).fetchall()
+
+    # writes (the caller holds the index's writer lock)
+    def insert(self, rows: Iterable[Tuple[int, str, Optional[Mapping[str, Any]]]]) -> None:
+        rows = list(rows)
+        with self._lock:
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                self.conn.executemany("INSERT INTO passages(pos, id, meta) VALUES (?, ?, ?)",
+                                      [(pos, pid, json.dumps(meta, ensure_ascii=False) if meta else None)
+                                       for pos, pid, meta in rows])
+                self.conn.executemany("INSERT INTO fields(pos, key, t, v) VALUES (?, ?, ?, ?)",
+                                      [r for pos, _, meta in rows if meta for r in _field_rows(pos, meta)])
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+
+    def truncate(self, num_positions: int) -> int:
+        """Drop rows of positions ≥ ``num_positions`` (a killed writer's uncommitted rows); how many."""
+        with self._lock:
+            self.conn.execute("BEGIN IMMEDIATE")
+            n = self.conn.execute("DELETE FROM passages WHERE pos >= ?", (num_positions,)).rowcount
+            self.conn.execute("DELETE FROM fields WHERE pos >= ?", (num_positions,))
+            self.conn.execute("COMMIT")
+        return n
+
+    def count(self) -> int:
+        return self._query("SELECT COUNT(*) FROM passages")[0][0]
+
+    def check(self) -> None:
+        """SQLite's own integrity check (``verify_crc`` runs it: the file changes in place, so it has no CRC)."""
+        result = self._query("PRAGMA integrity_check")
+        if result != [("ok",)]:
+            raise sqlite3.DatabaseError("; ".join(str(r[0]) for r in result[:3]))
+
+    # reads
+    def positions(self, spec: Any, num_positions: int) -> np.ndarray:
+        """Sorted positions below ``num_positions`` whose metadata match the filter."""
+        sql, params = compile_filter(spec)
+        rows = self._query(f"SELECT p.pos FROM passages p WHERE p.pos < ? AND {sql} ORDER BY p.pos",
+                           [num_positions, *params])
+        return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+
+    def positions_of(self, ids: Sequence[str], num_positions: int) -> Dict[str, List[int]]:
+        """Every stored position (below ``num_positions``) of each id, ascending."""
+        out: Dict[str, List[int]] = {}
+        ids = list(ids)
+        for lo in range(0, len(ids), 500):
+            part = ids[lo:lo + 500]
+            for pos, pid in self._query(f"SELECT pos, id FROM passages WHERE pos < ? AND id IN "
+                                        f"({', '.join('?' * len(part))}) ORDER BY pos", [num_positions, *part]):
+                out.setdefault(pid, []).append(pos)
+        return out
+
+    def metadata(self, pos: int) -> Dict[str, Any]:
+        rows = self._query("SELECT meta FROM passages WHERE pos = ?", (int(pos),))
+        return json.loads(rows[0][0]) if rows and rows[0][0] else {}
+
+    def rows(self, positions: Sequence[int]) -> List[Tuple[int, str, Optional[dict]]]:
+        """``(pos, id, metadata)`` of the given positions, in that order."""
+        found = {}
+        positions = [int(p) for p in positions]
+        for lo in range(0, len(positions), 500):
+            part = positions[lo:lo + 500]
+            for pos, pid, meta in self._query(f"SELECT pos, id, meta FROM passages WHERE pos IN "
+                                              f"({', '.join('?' * len(part))})", part):
+                found[pos] = (pos, pid, json.loads(meta) if meta else None)
+        return [found[p] for p in positions]
+
+
+__all__ = ["FilterError", "MetadataDB", "MetadataError", "compile_filter", "is_empty", "matches", "parse_filter",
+           "validate_metadata", "METADATA_FILE"]
