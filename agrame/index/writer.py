@@ -375,7 +375,8 @@ class IndexWriter:
             return manifest
         root, files = store.root, dict(manifest["files"])
         generation = int(manifest["generation"]) + 1
-        new = {**manifest, "generation": generation, "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        new = {**manifest, "generation": generation, "ivf_generation": ivf_generation(manifest),
+               "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         db = self._metadata(manifest, store, new)
         try:
             if append is not None:
