@@ -105,17 +105,21 @@ def _outlined(fragment: str) -> Optional[str]:
     return parser.text
 
 
-def check_page(app, query: str, browser: str, screenshot: Optional[Path] = None) -> dict:
-    """Load the page with ``query`` in the browser; return what the DOM and the API say."""
+def check_page(app, query: str, browser: str, screenshot: Optional[Path] = None,
+               filter: Optional[dict] = None) -> dict:
+    """Load the page with ``query`` (and a metadata ``filter`` typed into its filter field) in the
+    browser; return what the DOM and the API say."""
     import json
 
     with Server(app) as server, tempfile.TemporaryDirectory() as profile:
-        request = urllib.request.Request(f"{server.url}/search", method="POST",
-                                         data=json.dumps({"query": query, "granularity": "sentence",
-                                                          "top_k": 3}).encode(),
+        body = {"query": query, "granularity": "sentence", "top_k": 3}
+        params = {"q": query, "g": "sentence", "k": 3}
+        if filter is not None:
+            body["filter"], params["filter"] = filter, json.dumps(filter)
+        request = urllib.request.Request(f"{server.url}/search", method="POST", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         api = json.loads(urllib.request.urlopen(request, timeout=60).read())
-        page = f"{server.url}/?" + urllib.parse.urlencode({"q": query, "g": "sentence", "k": 3})
+        page = f"{server.url}/?" + urllib.parse.urlencode(params)
         common = FLAGS + [f"--user-data-dir={profile}", "--virtual-time-budget=20000", "--window-size=1100,900"]
         dom = subprocess.run([browser, *common, "--dump-dom", page], capture_output=True, text=True,
                              timeout=120).stdout
@@ -126,6 +130,7 @@ def check_page(app, query: str, browser: str, screenshot: Optional[Path] = None)
     hits = re.findall(r'<div class="hit" data-rank="(\d+)" data-passage="([^"]*)">(.*?)</details>', dom, re.S)
     first_best = _outlined(hits[0][2]) if hits else None
     return {"api_top": api["results"][0] if api["results"] else None, "dom_hits": len(hits),
+            "dom_passages": [h[1] for h in hits],
             "dom_first_passage": hits[0][1] if hits else None, "dom_first_outlined": first_best,
             "searched": 'data-state="searched"' in dom}
 

@@ -24,3 +24,18 @@ def test_page_outlines_the_top_sentence(tmp_path, tiny_encoder, tiny_model_dir, 
     assert result["searched"] and result["dom_hits"] == 3
     assert result["dom_first_passage"] == result["api_top"]["passage_id"]
     assert result["dom_first_outlined"] == result["api_top"]["text"]
+
+
+@pytest.mark.skipif(BROWSER is None, reason="no Chromium installed (apt-get install chromium)")
+def test_page_filter_field_restricts_the_results(tmp_path, tiny_encoder, tiny_model_dir, coral_file):
+    from agrame.corpus import Passage
+    from agrame.index import build_index
+    from agrame.io import read_passages
+    from agrame.serve import create_app
+
+    passages = [Passage(p.id, p.text, metadata={"keep": i % 2 == 0}) for i, p in enumerate(read_passages(str(coral_file)))]
+    build_index(tiny_encoder, passages, tmp_path / "ix", progress=False)
+    result = check_page(create_app(tmp_path / "ix", model=str(tiny_model_dir)), "coral bleaching", BROWSER,
+                        filter={"keep": True})
+    assert result["searched"] and set(result["dom_passages"]) == {p.id for p in passages[::2]}
+    assert result["dom_first_passage"] == result["api_top"]["passage_id"]

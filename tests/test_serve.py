@@ -93,3 +93,66 @@ def test_server_without_index(tiny_model_dir):
     client = TestClient(create_app(None, model=str(tiny_model_dir)))
     assert client.post("/search", json={"query": "x"}).status_code == 404
     assert client.post("/rank", json={"query": "reef", "passages": TEXTS}).status_code == 200
+
+
+# -- writes, auth and filters --------------------------------------------------------------------
+
+KEY = "s3cret-key"
+
+
+@pytest.fixture
+def writable(tmp_path, tiny_encoder, tiny_model_dir):
+    path = tmp_path / "wx"
+    build_index(tiny_encoder, [Passage(str(i), t, metadata={"n": i, "kind": "even" if i % 2 == 0 else "odd"})
+                               for i, t in enumerate(TEXTS)], path, progress=False)
+    app = create_app(path, model=str(tiny_model_dir), allow_writes=True, api_key=KEY)
+    return TestClient(app), path
+
+
+def test_writes_need_allow_writes_and_the_key(served, writable):
+    read_only, _ = served
+    r = read_only.post("/passages", json={"passages": [{"id": "n", "text": "new"}]},
+                       headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 403 and "read-only" in r.json()["error"]
+    client, _ = writable
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"X-API-Key": KEY[:-1]}):
+        r = client.post("/passages", json={"passages": [{"id": "n", "text": "new"}]}, headers=headers)
+        assert r.status_code == 401 and "API key" in r.json()["error"]
+        assert client.request("DELETE", "/passages", json={"ids": ["0"]}, headers=headers).status_code == 401
+    assert client.get("/passages/0").status_code == 200  # reads are open unless --protect-reads
+
+
+def test_upsert_delete_get_and_filtered_search_over_http(writable):
+    client, _ = writable
+    auth = {"X-API-Key": KEY}
+    r = client.post("/passages", headers=auth, json={"passages": [
+        {"id": "1", "text": "Reef sharks hunt at night. They sleep by day.", "metadata": {"kind": "fish", "n": 10}},
+        {"id": "new", "text": "Penguins live in the south.", "metadata": {"kind": "bird", "tags": ["cold"]}}]})
+    assert r.status_code == 200 and r.json()["upserted"] == 2 and r.json()["passages"] == 4
+    got = client.get("/passages/1").json()
+    assert got["text"].startswith("Reef sharks") and got["metadata"] == {"kind": "fish", "n": 10}
+    assert client.get("/passages/nope").status_code == 404
+    r = client.post("/search", json={"query": "reef", "granularity": "passage", "top_k": 5,
+                                     "filter": {"n": {"$gte": 1}}})
+    assert {h["passage_id"] for h in r.json()["results"]} == {"2", "1"}
+    r = client.post("/rank", json={"query": "reef", "ids": ["0", "1", "new"], "granularity": "passage",
+                                   "filter": {"tags": "cold"}})
+    assert r.status_code == 200 and [h["passage_id"] for h in r.json()["results"]] == ["new"]
+    r = client.request("DELETE", "/passages", headers=auth, json={"ids": ["0", "ghost"]})
+    assert r.status_code == 404 and "'ghost'" in r.json()["error"]
+    r = client.request("DELETE", "/passages", headers=auth, json={"ids": ["0", "ghost"], "missing": "ok"})
+    assert r.status_code == 200 and r.json()["deleted"] == 1
+    r = client.request("DELETE", "/passages", headers=auth, json={"filter": {"kind": "bird"}})
+    assert r.status_code == 200 and r.json()["deleted"] == 1
+    assert client.get("/health").json()["index"]["passages"] == 2
+    r = client.post("/search", json={"query": "reef", "filter": {"n": {"$regex": "x"}}})
+    assert r.status_code == 400 and "unknown operator" in r.json()["error"]
+
+
+def test_protected_reads(tmp_path, tiny_encoder, tiny_model_dir):
+    path = tmp_path / "px"
+    build_index(tiny_encoder, [Passage(str(i), t) for i, t in enumerate(TEXTS)], path, progress=False)
+    client = TestClient(create_app(path, model=str(tiny_model_dir), api_key=KEY, protect_reads=True))
+    assert client.post("/search", json={"query": "reef"}).status_code == 401
+    assert client.post("/search", json={"query": "reef"}, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    assert client.get("/health").status_code == 200 and client.get("/").status_code == 200

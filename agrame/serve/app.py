@@ -25,6 +25,11 @@ from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, Field
 
+try:  # at module level: FastAPI resolves the dependencies' (string) annotations in these globals
+    from fastapi import Request
+except ImportError:  # pragma: no cover - create_app needs the serve extra anyway
+    Request = None
+
 STATIC = Path(__file__).resolve().parent / "static"
 
 
@@ -192,7 +197,7 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
     ``allow_writes`` needs ``api_key``; ``protect_reads`` requires the key on reads too."""
     import hmac
 
-    from fastapi import Depends, FastAPI, Request
+    from fastapi import Depends, FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import FileResponse, JSONResponse
 
