@@ -323,7 +323,7 @@ class Index(BaseIndex):
             if count <= PRUNE_FACTOR * ncandidates:
                 unique = np.flatnonzero(allowed)
                 return unique if count <= ncandidates else self._prune_by_codes(cs, unique, ncandidates)
-            nprobe = int(min(cs.shape[1], np.ceil(nprobe * len(allowed) / count)))
+            nprobe = int(min(cs.shape[1], np.ceil(nprobe * store.num_live / max(1, count))))
         while True:
             probe = torch.topk(cs, min(nprobe, cs.shape[1]), dim=1).indices.unique().numpy()
             lengths = store.ivf.offsets[probe + 1] - store.ivf.offsets[probe]

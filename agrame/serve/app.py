@@ -118,27 +118,35 @@ class IndexHolder:
         folder = os.stat(self.path)
         return (folder.st_ino, manifest.st_ino, manifest.st_mtime_ns, manifest.st_size)
 
-    def _open(self) -> _Generation:
+    def _open(self, verify="auto") -> _Generation:
         from ..index import Index
 
         key = self._key()
-        return _Generation(Index(self.path, model=self.encoder), key)
+        return _Generation(Index(self.path, model=self.encoder, verify=verify), key)
 
-    def current(self):
-        """The newest committed generation (checked with two ``stat`` calls per request)."""
+    def current(self, wait: bool = False):
+        """The newest committed generation (checked with two ``stat`` calls per request).
+
+        One request reopens a newer generation while the others keep answering from the one they
+        have (``wait``: a write's own request waits for it, so what it committed is what the next
+        request reads). A reopened generation's files are size-checked; their checksums were
+        computed by the writer that committed them (``verify_crc`` checks them on demand)."""
         try:
             key = self._key()
         except OSError:  # mid-rename of a rebuilt folder: keep serving the open one
             return self._current.index
-        if key != self._current.key:
-            with self._lock:
+        if key != self._current.key and self._lock.acquire(blocking=wait):
+            try:
+                key = self._key()
                 if key != self._current.key:
                     try:
-                        self._current = self._open()
+                        self._current = self._open(verify=False)
                         self.reload_error = None
                     except (ValueError, OSError) as exc:  # e.g. rebuilt with another model
                         self.reload_error = str(exc)
                         self._current = _Generation(self._current.index, key)
+            finally:
+                self._lock.release()
         return self._current.index
 
 
@@ -343,7 +351,7 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
                     manifest = change(w)
             except IndexLockedError as exc:
                 raise _RetryLater(str(exc)) from None
-        holder.current()  # serve the committed generation from the next request on
+        holder.current(wait=True)  # serve the committed generation from the next request on
         return manifest
 
     @app.post("/passages", dependencies=[Depends(writer)])
