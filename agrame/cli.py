@@ -150,14 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="bits per dimension of each token's residual (default: 2, ~40 bytes per 128-d token)")
     index.add_argument("--format", dest="index_format", type=int, choices=(1, 2), default=2,
                        help="2: compressed (default); 1: float16 vectors, exhaustive search only")
-    change = index.add_mutually_exclusive_group()
-    change.add_argument("--add", action="store_true",
-                        help="append passages with new ids to an existing compressed index with its centroids")
-    change.add_argument("--upsert", action="store_true",
-                        help="replace the passages whose ids the index holds (text, vectors, metadata) and add the rest")
-    change.add_argument("--overwrite", action="store_true",
-                        help="replace an existing index (only an AGRaME index: any other folder is refused) "
-                             "as a new generation; readers see the old or the new one")
+    index.add_argument("--add", action="store_true",
+                       help="append passages with new ids to an existing compressed index with its centroids")
+    index.add_argument("--upsert", action="store_true",
+                       help="replace the passages whose ids the index holds (text, vectors, metadata) and add the rest")
+    index.add_argument("--overwrite", action="store_true",
+                       help="replace an existing index (only an AGRaME index: any other folder is refused) "
+                            "as a new generation; readers see the old or the new one")
     index.add_argument("--batch-size", type=_positive_int, default=16, help="passages per forward pass (default: 16, fastest on CPU)")
     _add_writer_options(index)
 
@@ -328,6 +327,9 @@ def _live(manifest: dict) -> int:
 
 
 def _cmd_index(args) -> int:
+    chosen = [f"--{name}" for name in ("add", "upsert", "overwrite") if getattr(args, name)]
+    if len(chosen) > 1:
+        raise UsageError(f"{' and '.join(chosen)} cannot be combined")
     if (args.add or args.upsert) and args.index_format == 1:
         raise UsageError("--add and --upsert need a compressed index (--format 2)")
     passages = read_passages(args.passages, args.input_format)

@@ -49,7 +49,88 @@ def read_manifest(path: str | Path) -> dict:
         raise IndexFolderError(f"{manifest_file}: not valid JSON: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") not in FORMATS:
         raise IndexFolderError(f"{manifest_file}: expected \"format\": one of {', '.join(FORMATS)}")
+    if "checksum" in manifest and manifest["checksum"] != manifest_checksum(manifest):
+        raise IndexFolderError(f"index {path} is damaged: {MANIFEST} does not match its checksum")
+    validate_manifest(path, manifest)
     return manifest
+
+
+def manifest_checksum(manifest: dict) -> str:
+    """CRC-32 of the manifest's canonical JSON (its own ``checksum`` field left out)."""
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return f"crc32:{zlib.crc32(text.encode('ascii')):08x}"
+
+
+def _is_int(value, low: int = 0, high: int = 1 << 62) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def validate_manifest(path: Path, m: dict) -> None:
+    """Types, ranges and consistency of a manifest's fields with each other and with the committed
+    file sizes it records; the first violation is ``index X is damaged: manifest field …``."""
+    def bad(field: str, problem: str):
+        raise IndexFolderError(f"index {path} is damaged: {MANIFEST} field '{field}' {problem}")
+
+    for field in ("num_passages", "num_tokens", "num_sentences", "dim"):
+        if not _is_int(m.get(field), 1 if field == "dim" else 0):
+            bad(field, f"must be a {'positive' if field == 'dim' else 'non-negative'} integer, "
+                       f"got {json.dumps(m.get(field))[:40]}")
+    model = m.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("fingerprint"), str) \
+            or not isinstance(model.get("settings", {}), dict):
+        bad("model", "must be an object with a 'fingerprint' string and 'settings'")
+    if m["format"] != FORMAT_V2:
+        return
+    if not _is_int(m.get("generation"), 1):
+        bad("generation", "must be a positive integer")
+    if not _is_int(m.get("ivf_generation", m["generation"]), 1, m["generation"]):
+        bad("ivf_generation", "must be a positive integer no larger than 'generation'")
+    if m.get("nbits") not in (1, 2, 4, 8):
+        bad("nbits", "must be 1, 2, 4 or 8")
+    if not _is_int(m.get("num_centroids"), 1, 1 << 31):
+        bad("num_centroids", "must be a positive integer")
+    code_sizes = {"<u2": 2, "<i4": 4}
+    if m.get("code_dtype") not in code_sizes or (m["code_dtype"] == "<u2" and m["num_centroids"] > 1 << 16):
+        bad("code_dtype", "must be '<u2' (up to 65,536 centroids) or '<i4'")
+    if "store" in m and not (isinstance(m["store"], str) and re.fullmatch(r"s\d+/", m["store"])):
+        bad("store", "must be a store folder name like 's1/'")
+    if m.get("token_offsets", "stored") not in ("stored", "tokenizer"):
+        bad("token_offsets", "must be 'stored' or 'tokenizer'")
+    if "metadata" in m and m["metadata"] != "meta.sqlite":
+        bad("metadata", "must be 'meta.sqlite'")
+    files = m.get("files")
+    if not isinstance(files, dict):
+        bad("files", "must be an object")
+    for name, info in files.items():
+        if not isinstance(name, str) or "/" in name or name.startswith(".") or not isinstance(info, dict) \
+                or not _is_int(info.get("size")) or not _is_int(info.get("crc32"), 0, 0xFFFFFFFF):
+            bad("files", f"entry {json.dumps(name)[:60]} must name a file in the folder with a size and a crc32")
+    N, T, S, K, d = m["num_passages"], m["num_tokens"], m["num_sentences"], m["num_centroids"], m["dim"]
+    g = m.get("ivf_generation", m["generation"])
+    per_token = d * m["nbits"]
+    if per_token % 8:
+        bad("dim", f"× nbits must be a whole number of bytes ({d} × {m['nbits']})")
+    expected = {"centroids.f16": K * d * 2, "buckets.f32": ((2 << m["nbits"]) - 1) * 4,
+                "codes.bin": T * code_sizes[m["code_dtype"]], "residuals.bin": T * per_token // 8,
+                "doclens.bin": N * 4, "sentcounts.bin": N * 4, "sentences.bin": S * 8, "passage_offsets.bin": N * 8,
+                f"ivf-{g}.offsets.bin": (K + 1) * 8, f"ivf-{g}.pids.bin": None, "passages.jsonl": None,
+                ("tokens.bin" if m.get("token_offsets", "stored") == "stored" else "sentence_tokens.bin"):
+                    T * 6 if m.get("token_offsets", "stored") == "stored" else S * 8}
+    for name, size in expected.items():
+        if name not in files:
+            bad("files", f"lacks {name}")
+        if size is not None and files[name]["size"] != size:
+            bad("files", f"records {files[name]['size']} bytes for {name}, but the counts make it {size}")
+    tombstones = m.get("tombstones")
+    dead = m.get("num_deleted", 0)
+    if not _is_int(dead, 0, N):
+        bad("num_deleted", "must be an integer between 0 and num_passages")
+    if tombstones is not None:
+        if tombstones not in files or files[tombstones]["size"] != dead * 4:
+            bad("tombstones", f"must name a file of num_deleted × 4 bytes in 'files'")
+    elif dead:
+        bad("num_deleted", "is not 0 but no tombstones file is named")
 
 
 def store_root(path: Path, manifest: dict) -> Path:
@@ -67,13 +148,21 @@ def ivf_generation(manifest: dict) -> int:
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:
-    """Commit a manifest: temporary name, fsync, rename (readers see the old or the new one)."""
+    """Commit a manifest with its checksum: temporary name, fsync, rename (readers see the old or the
+    new one), then fsync of the folder so that the rename itself is durable."""
+    manifest = {k: v for k, v in manifest.items() if k != "checksum"}
+    manifest["checksum"] = manifest_checksum(manifest)
     tmp = folder / f".{MANIFEST}.tmp-{os.getpid()}"
     with open(tmp, "w") as f:
         f.write(json.dumps(manifest, indent=2) + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, folder / MANIFEST)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def aside_folders(path: Path) -> list:

@@ -20,7 +20,7 @@ import torch
 from .. import __version__
 from ..corpus import EncodedCorpus, Passage
 from ..encoder import Encoder
-from .format import FORMAT_V1 as FORMAT, MANIFEST, IndexFolderError, model_block, read_manifest
+from .format import FORMAT_V1 as FORMAT, MANIFEST, IndexFolderError, model_block, read_manifest, write_manifest
 
 VECTORS = "vectors.f16"
 
@@ -72,7 +72,7 @@ def build_index(encoder: Encoder, passages: Sequence[Passage], path: str | Path,
             "num_sentences": num_sentences,
             "vectors_dtype": "float16",
         }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        write_manifest(tmp, manifest)
 
     try:
         # Format 1 has no generations: a replaced index swaps places with the new one atomically.
