@@ -278,6 +278,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def printable(text: str) -> str:
+    """Text safe for a terminal: control and format characters (ESC, NUL, newlines, bidi
+    overrides, zero-width marks …) written as ``\\x1b``-style escapes (JSONL keeps the text as it is)."""
+    import unicodedata
+
+    return "".join(ascii(ch)[1:-1] if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
+                   else ch for ch in text)
+
+
 def _print_results(results, query: str, fmt: str, out=None) -> None:
     out = out or sys.stdout
     if fmt == "jsonl":
@@ -290,16 +299,17 @@ def _print_results(results, query: str, fmt: str, out=None) -> None:
         out.write("no results\n")
         return
     width = shutil.get_terminal_size((120, 20)).columns
-    id_w = min(max(len("passage"), *(len(r.passage_id) for r in results)), 24)
+    ids = [printable(r.passage_id) for r in results]
+    id_w = min(max(len("passage"), *(len(i) for i in ids)), 24)
     chars_w = max(len("chars"), *(len(f"{r.start}-{r.end}") for r in results))
     header = f"{'#':>3}  {'score':>8}  {'passage':<{id_w}}  {'chars':<{chars_w}}  text"
     out.write(header + "\n")
     text_w = max(20, width - len(header) + 4)
-    for rank, r in enumerate(results, start=1):
-        text = " ".join(r.text.split())
+    for rank, (r, pid) in enumerate(zip(results, ids), start=1):
+        text = printable(" ".join(r.text.split()))
         if len(text) > text_w:
             text = text[: text_w - 1] + "…"
-        pid = r.passage_id if len(r.passage_id) <= id_w else r.passage_id[: id_w - 1] + "…"
+        pid = pid if len(pid) <= id_w else pid[: id_w - 1] + "…"
         out.write(f"{rank:>3}  {r.score:>8.3f}  {pid:<{id_w}}  {f'{r.start}-{r.end}':<{chars_w}}  {text}\n")
 
 
@@ -525,9 +535,22 @@ def _cmd_cite(args) -> int:
         out.write("\n")
         width = shutil.get_terminal_size((120, 20)).columns
         for c in cited:
-            line = f"[{c + 1}] {passages[c].id}: {' '.join(passages[c].text.split())}"
+            line = f"[{c + 1}] {printable(passages[c].id)}: {printable(' '.join(passages[c].text.split()))}"
             out.write((line if len(line) <= width else line[: width - 1] + "…") + "\n")
     return 0
+
+
+def _check_arguments(args) -> None:
+    """Refuse, before any model work, an argument that is not valid text (the shell passes bytes:
+    Python keeps invalid UTF-8 as lone surrogates, which no tokenizer or file can take)."""
+    for name, value in vars(args).items():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str):
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    flag = name if name in ("query", "ids") else "--" + name.replace("_", "-")
+                    raise UsageError(f"{flag}: not valid UTF-8 text ({ascii(item)[:60]})") from None
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -536,6 +559,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     handlers = {"rank": _cmd_rank, "index": _cmd_index, "search": _cmd_search, "delete": _cmd_delete,
                 "compact": _cmd_compact, "explain": _cmd_explain, "serve": _cmd_serve, "cite": _cmd_cite}
     try:
+        _check_arguments(args)
         return handlers[args.command](args)
     except ValueError as exc:
         # InputError, UsageError, ModelError, IndexFolderError and the Ranker's own checks
@@ -545,6 +569,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BrokenPipeError:  # `agrame … | head`
         sys.stderr.close()
         return 0
+    except OSError as exc:  # a file system refusal no check above foresaw (permissions, disk full, …)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"agrame: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
 

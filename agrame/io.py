@@ -128,6 +128,11 @@ def _parse_jsonl(line: str, name: str, number: int, position: int) -> Passage:
     pid = str(pid)
     if not pid.strip():
         raise InputError("empty id", name, number, "id")
+    for field, value in (("id", pid), ("text", text)):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # a "\ud800" escape: JSON allows it, no text encoding does
+            raise InputError("not valid Unicode (a lone surrogate escape)", name, number, field) from None
     spans = None
     if record.get("spans") is not None:
         raw = record["spans"]

@@ -43,6 +43,12 @@ class Limits:
     max_query_chars: int = 1_000
     max_answer_chars: int = 5_000
     max_write_passages: int = 1_000
+    #: Heavy requests (/rank of given passages, /cite, POST /passages) run at most this many at once,
+    #: and with at most ``max_chars_in_flight`` characters to encode between them (one request over
+    #: the budget runs alone); beyond that a 503 with Retry-After. A maximum-size /rank (100 ×
+    #: 20,000 characters) takes ~2 CPU-minutes and ~1.8 GB here, so the default admits one.
+    max_heavy: int = max(1, (os.cpu_count() or 2) // 2)
+    max_chars_in_flight: int = 2_000_000
     max_delete_ids: int = 100_000
     #: Seconds a write waits for the index's writer lock (another writer at work) before a 503.
     write_lock_timeout: float = 30.0
@@ -167,6 +173,44 @@ def _passages(items, limits: Limits):
     return out
 
 
+class _Gate:
+    """Admission of heavy requests by count and by estimated cost (characters to encode)."""
+
+    def __init__(self, max_requests: int, max_chars: int):
+        self.max_requests, self.max_chars = max_requests, max_chars
+        self.requests, self.chars = 0, 0
+        self._lock = threading.Lock()
+
+    def enter(self, cost: int) -> None:
+        with self._lock:
+            if self.requests >= self.max_requests or (self.requests and self.chars + cost > self.max_chars):
+                raise _RetryLater(f"the server is busy with {self.requests} heavy request(s) "
+                                  f"({self.chars:,} characters being encoded); retry shortly")
+            self.requests += 1
+            self.chars += cost
+
+    def leave(self, cost: int) -> None:
+        with self._lock:
+            self.requests -= 1
+            self.chars -= cost
+
+
+def _check_text(value, where: str = "body") -> None:
+    """Every string of a request must be encodable text (JSON allows lone surrogate escapes)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _Error(400, f"{where}: not valid Unicode (a lone surrogate)") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_text(k, where)
+            _check_text(v, f"{where}.{k}" if isinstance(k, str) and k.isascii() else where)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_text(v, f"{where}[{i}]")
+
+
 class _RetryLater(Exception):
     """The index is busy (another writer holds its lock): 503 with Retry-After."""
 
@@ -223,6 +267,20 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
     else:
         encoder = load_encoder(model)
     ranker = Ranker(encoder)
+    gate = _Gate(limits.max_heavy, limits.max_chars_in_flight)
+
+    def heavy(cost: int):
+        from contextlib import contextmanager
+
+        @contextmanager
+        def admitted():
+            gate.enter(cost)
+            try:
+                yield
+            finally:
+                gate.leave(cost)
+        return admitted()
+
     if (allow_writes or protect_reads) and not api_key:
         raise ValueError("allow_writes and protect_reads need an API key")
     app = FastAPI(title="AGRaME", version=__version__,
@@ -259,8 +317,33 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        kind = first.get("type", "")
+        if kind == "json_invalid":
+            detail = (first.get("ctx") or {}).get("error", "malformed JSON")
+            message = f"body: malformed JSON: {detail} (at character {loc[0] if loc else '?'})"
+            return JSONResponse({"error": message}, status_code=400)
+        if not loc and kind in ("model_attributes_type", "dict_type", "missing"):
+            return JSONResponse({"error": "body: expected a JSON object (send it with Content-Type: "
+                                          "application/json)"}, status_code=422)
+        where = ".".join(loc)
         return JSONResponse({"error": f"{where or 'body'}: {first.get('msg', 'invalid request')}"}, status_code=422)
+
+    @app.exception_handler(404)
+    async def _not_found(_: Request, exc):
+        return JSONResponse({"error": f"not found: {getattr(exc, 'detail', 'no such endpoint')}"}, status_code=404)
+
+    @app.exception_handler(405)
+    async def _method(_: Request, exc):
+        return JSONResponse({"error": "method not allowed on this endpoint"}, status_code=405)
+
+    @app.exception_handler(Exception)
+    async def _last_resort(request: Request, exc: Exception):
+        import logging
+
+        logging.getLogger("agrame.serve").exception("error serving %s %s", request.method, request.url.path)
+        return JSONResponse({"error": f"internal error ({type(exc).__name__}); the server log has the details"},
+                            status_code=500)
 
     @app.exception_handler(_RetryLater)
     async def _busy(_: Request, exc: _RetryLater):
@@ -296,6 +379,7 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
 
     @app.post("/search", dependencies=[Depends(reader)])
     def search(req: SearchRequest):
+        _check_text(req.model_dump())
         if holder is None:
             raise _Error(404, "this server has no index (start it with --index DIR)")
         check_query(req.query, req.top_k)
@@ -310,6 +394,7 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
 
     @app.post("/rank", dependencies=[Depends(reader)])
     def rank(req: RankRequest):
+        _check_text(req.model_dump())
         check_query(req.query, req.top_k)
         if (req.passages is None) == (req.ids is None):
             raise _Error(400, "give either passages or ids (passages of the index)")
@@ -326,14 +411,16 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
         if req.filter is not None:
             raise _Error(400, "filter applies to passages of the index (ids), not to given passages")
         passages = _passages(req.passages, limits)
-        corpus = ranker.encode(passages)
-        hits = ranker.rank(req.query, corpus, req.granularity, top_k=req.top_k)
-        explained = _explained(hits, lambda ids: ranker.explain_all(req.query, corpus, ids)) if req.explain else {}
+        with heavy(sum(len(p.text) for p in passages)):
+            corpus = ranker.encode(passages)
+            hits = ranker.rank(req.query, corpus, req.granularity, top_k=req.top_k)
+            explained = _explained(hits, lambda ids: ranker.explain_all(req.query, corpus, ids)) if req.explain else {}
         results = [_hit(h, explained.get(h.passage_id)) for h in hits]
         return {"query": req.query, "granularity": req.granularity, "results": results}
 
     @app.get("/passages/{passage_id}", dependencies=[Depends(reader)])
     def get_passage(passage_id: str):
+        _check_text(passage_id, "id")
         if holder is None:
             raise _Error(404, "this server has no index (start it with --index DIR)")
         idx = holder.current()
@@ -356,6 +443,7 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
 
     @app.post("/passages", dependencies=[Depends(writer)])
     def upsert(req: UpsertRequest):
+        _check_text(req.model_dump())
         if not req.passages:
             raise _Error(400, "no passages given")
         if len(req.passages) > limits.max_write_passages:
@@ -366,12 +454,14 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
             if len(p.text) > limits.max_passage_chars:
                 raise _Error(413, f"passage {p.id!r}: {len(p.text)} characters, at most {limits.max_passage_chars}")
         passages = [Passage(p.id, p.text, metadata=p.metadata) for p in req.passages]
-        manifest = _write(lambda w: w.upsert(encoder, passages))
+        with heavy(sum(len(p.text) for p in passages)):
+            manifest = _write(lambda w: w.upsert(encoder, passages))
         return {"upserted": len(passages), "generation": manifest["generation"],
                 "passages": manifest["num_passages"] - manifest.get("num_deleted", 0)}
 
     @app.delete("/passages", dependencies=[Depends(writer)])
     def delete(req: DeleteRequest):
+        _check_text(req.model_dump())
         if (req.ids is None) == (req.filter is None):
             raise _Error(400, "give either ids or a filter")
         if req.ids is not None and len(req.ids) > limits.max_delete_ids:
@@ -384,6 +474,7 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
 
     @app.post("/cite", dependencies=[Depends(reader)])
     def cite(req: CiteRequest):
+        _check_text(req.model_dump())
         if not req.answer.strip():
             raise _Error(400, "answer is empty")
         if len(req.answer) > limits.max_answer_chars:
@@ -392,7 +483,8 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
         from propcite.citer import Citer
 
         citer = Citer(ranker, margin=req.margin)  # cheap: shares the loaded model
-        result = citer.cite(req.answer, citer.encode(passages))
+        with heavy(sum(len(p.text) for p in passages) + len(req.answer)):
+            result = citer.cite(req.answer, citer.encode(passages))
         sentences = []
         for sent in result.sentences:
             sentences.append({
