@@ -66,11 +66,28 @@ def _is_int(value, low: int = 0, high: int = 1 << 62) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
+#: Every top-level manifest field any version wrote; another name is a damaged (e.g. bit-flipped) key.
+MANIFEST_FIELDS = {"format", "generation", "agrame_version", "created", "updated", "model", "dim", "nbits",
+                   "num_centroids", "code_dtype", "codec", "num_passages", "num_tokens", "num_sentences", "has_spans",
+                   "token_offsets", "files", "search", "ivf_generation", "tombstones", "num_deleted", "metadata",
+                   "store", "checksum", "vectors_dtype"}
+
+
 def validate_manifest(path: Path, m: dict) -> None:
     """Types, ranges and consistency of a manifest's fields with each other and with the committed
     file sizes it records; the first violation is ``index X is damaged: manifest field …``."""
     def bad(field: str, problem: str):
         raise IndexFolderError(f"index {path} is damaged: {MANIFEST} field '{field}' {problem}")
+
+    unknown = sorted(set(m) - MANIFEST_FIELDS)
+    if unknown:
+        bad(unknown[0][:40], "is not a manifest field")
+    if m.get("search") is not None:
+        from .search import SearchSettings
+
+        if not isinstance(m["search"], dict) or set(m["search"]) - set(SearchSettings._fields) \
+                or not all(_is_int(v, 1) for v in m["search"].values()):
+            bad("search", f"must map {', '.join(SearchSettings._fields)} to positive integers")
 
     for field in ("num_passages", "num_tokens", "num_sentences", "dim"):
         if not _is_int(m.get(field), 1 if field == "dim" else 0):
