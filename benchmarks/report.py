@@ -793,11 +793,113 @@ def render_serve_load(results: List[dict]) -> str:
             rounds = f" × {m['rounds']} rounds" if m.get("rounds", 1) > 1 else ""
             out.append(f"| {label} | {r['clients']} × {r['requests_per_client']}{rounds} | {m['ok']} | {m['errors']} | "
                        f"{m.get('mixed', '–')} | {m['p50_ms']} | {m['p99_ms']} | {m['throughput_per_s']} |")
+        w = r.get("during_writes")
+        if w:
+            out.append(f"| during {w['rounds']} HTTP writer rounds ({w['batch']} upserts + a delete each) | "
+                       f"{r['clients']} × {r['requests_per_client']} × {w['rounds_of_load']} rounds | {w['ok']} | "
+                       f"{w['errors']} | {w['mixed']} | {w['p50_ms']} | {w['p99_ms']} | – |")
         d = r["during_add"]
+        if w:
+            out += ["", f"HTTP writer: {w['write_errors']} write errors, **{w['lost']} lost** (an acknowledged upsert "
+                        f"not readable right after its commit), **{w['returned_after_delete']} deleted ids returned** "
+                        f"by its own reads after the delete's commit, {w['readers_returned_after_delete']} by readers "
+                        f"at or past that generation; {w['responses_checked_against_known_generation']} reader "
+                        f"responses checked against the passage count of their generation; upsert median "
+                        f"{w['upsert_ms_median']} ms, delete median {w['delete_ms_median']} ms."]
         out += ["", f"Index: {r['index']}; server torch threads {r['server_torch_threads']}; server peak RSS "
                     f"{r['server_peak_rss_mb']} MB; generations seen during the add: {d['generations_seen']} "
                     f"({d['responses_after_add']} responses from the new one); add exit code {d['add_exit_code']}.",
                 "", _commands([r])]
+    return "\n".join(out)
+
+
+def render_lifecycle(results: List[dict]) -> str:
+    out = ["## A living index: filters, deletes, compaction, writes", ""]
+    by = {r["what"]: r for r in results}
+    f = by.get("filtered search")
+    if f:
+        out += [f"Filtered search over the pooled corpus ({f['pool_passages']:,} passages, {f['nbits']}-bit, "
+                f"{f['model']}); {f['queries']}; {f['threads']} torch threads. A synthetic boolean field per "
+                "selectivity is true on that share of the passages; the reference is the filtered exhaustive scan "
+                "(every allowed passage decompressed and scored).", "",
+                "| selectivity | matching | sentence top 10: median / p95 ms | full hits | same top-1 sentence | "
+                "passage top 100: median / p95 ms | full hits | top-100 overlap |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for share, row in f["selectivity"].items():
+            s_, p_ = row["sentence"], row["passage"]
+            out.append(f"| {share} | {row['matching_passages']:,} | {s_['ms_median']} / {s_['ms_p95']} | "
+                       f"{100 * s_['queries_with_full_hits']:.1f}% | "
+                       f"{100 * s_['same_top1_sentence_as_filtered_exhaustive']:.1f}% | "
+                       f"{p_['ms_median']} / {p_['ms_p95']} | {100 * p_['queries_with_full_hits']:.1f}% | "
+                       f"{100 * p_['top100_overlap_with_filtered_exhaustive']:.1f}% |")
+        out += ["", "*Full hits*: queries answered with min(top_k, matching) hits.", ""]
+    d = by.get("delete and compact")
+    if d:
+        out += [f"Deleting {d['deleted']:,} of {d['pool_passages']:,} passages ({100 * d['share']:g}%, one commit: "
+                f"{d['delete_seconds']} s) against an index built without them with the same codec ({d['queries']}): "
+                f"identical results on {100 * d['identical_results_after_delete_vs_rebuild']:.1f}% of queries before "
+                f"compaction and {100 * d['identical_results_after_compact_vs_rebuild']:.1f}% after. Compaction: "
+                f"{d['compact_seconds']} s, {d['bytes_returned']:,} bytes returned "
+                f"({d['bytes_before_compact']:,} → {d['bytes_after_compact']:,}).", ""]
+    t = by.get("write throughput")
+    if t:
+        dl = "; ".join(f"{k} ids: {v['seconds']} s" for k, v in t["delete"].items())
+        out += [f"Writes ({t['model']}, {t['threads']} threads): upsert {t['upsert']['passages']} passages in "
+                f"{t['upsert']['seconds']} s = **{t['upsert']['passages_per_second']} passages/s** "
+                f"({t['upsert']['note']}); delete latency (one commit each) — {dl}.", ""]
+    out.append(_commands(results))
+    return "\n".join(out)
+
+
+def render_fault(results: List[dict]) -> str:
+    out = ["## Crash safety: writers killed with SIGKILL", ""]
+    for r in results:
+        out += [f"{r['data']}; {r['model']}; {r['passages_per_change']} passages per change; each worker killed "
+                "after a random delay up to 1.25 × its operation's measured duration "
+                f"({', '.join(f'{k} {v} s' for k, v in r['calibration_seconds'].items())}). After each kill the index "
+                "must open with every checksum passing and hold the state before or after the operation; the next "
+                "writer must leave only the files the manifest names.", "",
+                "| operation | kills | state before | state after | other (must be 0) | had finished |",
+                "|---|---:|---:|---:|---:|---:|"]
+        for op, c in r["per_operation"].items():
+            out.append(f"| {op} | {c['kills']} | {c['before']} | {c['after']} | {c['other']} | "
+                       f"{c['finished_before_kill']} |")
+        t = r["totals"]
+        out += [f"| **all** | {t['kills']} | {t['before']} | {t['after']} | **{t['other']}** | "
+                f"{t['finished_before_kill']} |", "",
+                f"Recoveries: {r['recovery']['trials_with_recovery']} kills left something the next writer removed "
+                f"({r['recovery']['items_removed']} items); failures: {len(r['failures'])}"
+                + (f" ({'; '.join(r['failures'][:3])})" if r["failures"] else "") + ".", "", _commands([r])]
+    return "\n".join(out)
+
+
+def render_hardening(results: List[dict]) -> str:
+    out = ["## Hostile input", ""]
+    by = {r["what"]: r for r in results}
+    fl = by.get("single-byte manifest flips")
+    if fl:
+        out += [f"Manifest flips ({fl['index']}; {fl['masks']}): {fl['flips']:,} flips, {fl['refused']:,} refused as "
+                f"damaged, {fl['same_content']} harmless (the JSON reads the same), **{fl['accepted_damage']} damage "
+                f"accepted, {fl['tracebacks']} tracebacks**.", ""]
+    fz = by.get("fuzz")
+    if fz:
+        c, f_, h = fz["cli"], fz["passage_files"], fz["http"]
+        out += [f"Fuzzing (seed {fz['seed']}, {fz['examples_each']} inputs each, tiny test model): CLI — "
+                f"{c['runs']} command lines, {c['exit_0']} exit 0, {c['exit_2']} exit 2, **{c['tracebacks']} "
+                f"tracebacks**, {c['other_exit']} other exit codes, {c['bad_message']} without an `agrame: error:` "
+                f"line, {c.get('changed_after_refusal', 0)} indexes changed by a refused command; passage files — "
+                f"{f_['files']} files, {f_['parsed']} parsed, {f_['refused']} refused, **{f_['tracebacks']} "
+                f"tracebacks**; HTTP — {h['requests']} requests, {h.get('2xx', 0)} 2xx, {h.get('4xx', 0)} 4xx, "
+                f"**{h.get('5xx', 0)} 5xx**, {h['bad_shape']} errors not shaped `{{\"error\": …}}`, "
+                f"{h['changed_after_refusal']} indexes changed by a refused request.", ""]
+    hv = by.get("concurrent maximum-size /rank")
+    if hv:
+        statuses = ", ".join(f"{hv['statuses'].count(s)} × {s}" for s in sorted(set(hv["statuses"])))
+        out += [f"{hv['clients']} concurrent maximum-size `/rank` requests ({hv['request']}; server torch threads "
+                f"{hv['server_torch_threads']}): {statuses}; server peak RSS {hv['server_peak_rss_mb']} MB; "
+                f"`/health` during the work: median {hv['health_ms_median']} ms, max {hv['health_ms_max']} ms over "
+                f"{hv['health_checks']} checks.", ""]
+    out.append(_commands(results))
     return "\n".join(out)
 
 
@@ -812,6 +914,9 @@ RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     "citation-latency": render_citation_latency,
     "teachers": render_teachers,
     "serve_load": render_serve_load,
+    "lifecycle": render_lifecycle,
+    "fault": render_fault,
+    "hardening": render_hardening,
 }
 
 
