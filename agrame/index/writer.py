@@ -151,7 +151,8 @@ def _exchange(a: Path, b: Path) -> None:
 def _folder_error(path: Path, exc: OSError) -> IndexFolderError:
     reason = {errno.EACCES: "permission denied", errno.EPERM: "permission denied", errno.EROFS: "read-only file system",
               errno.ENOSPC: "no space left on the device", errno.ENOTDIR: "a part of the path is not a folder",
-              errno.ENOENT: "its parent folder does not exist"}.get(exc.errno, exc.strerror or str(exc))
+              errno.ENOENT: "its parent folder does not exist",
+              errno.EEXIST: "a part of the path is a file, not a folder"}.get(exc.errno, exc.strerror or str(exc))
     return IndexFolderError(f"cannot write index {path}: {reason}")
 
 
