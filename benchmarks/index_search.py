@@ -248,9 +248,9 @@ def _train_questions(pool: Pool, limit: int, seed: int):
     return sample(out, limit, seed)
 
 
-def compressed_exhaustive(index: Index, q, s, alpha: float) -> Tuple[List[int], List[int]]:
-    """Top-100 passages and top-10 sentences (global ids) over *every* decompressed passage, in
-    one pass per chunk: what the staged search approximates (its codec error excluded)."""
+def exhaustive_scores(index: Index, q, s, alpha: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Passage scores and combined sentence scores S'(q,s)+α·S(q,p) of *every* stored position,
+    decompressed, one pass per chunk (global passage and sentence order)."""
     store = index.store
     passage, combined = [], []
     for lo in range(0, len(store), 512):
@@ -259,7 +259,13 @@ def compressed_exhaustive(index: Index, q, s, alpha: float) -> Tuple[List[int], 
         scores = score_corpus(q, s, corpus, "sentence", chunk_tokens=1 << 18)
         passage.append(scores.passage)
         combined.append(scoring.combined_score(scores.sentence, scores.passage[corpus.sentence_passage], alpha))
-    passage_t, combined_t = torch.cat(passage), torch.cat(combined)
+    return torch.cat(passage), torch.cat(combined)
+
+
+def compressed_exhaustive(index: Index, q, s, alpha: float) -> Tuple[List[int], List[int]]:
+    """Top-100 passages and top-10 sentences (global ids) over every decompressed passage: what
+    the staged search approximates (its codec error excluded)."""
+    passage_t, combined_t = exhaustive_scores(index, q, s, alpha)
     return _top(passage_t, PASSAGE_K), _top(combined_t, 10)
 
 

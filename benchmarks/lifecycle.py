@@ -27,16 +27,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from agrame import scoring
 from agrame.corpus import EncodedCorpus, Passage
 from agrame.index import Index
 from agrame.index.store import build_compressed
-from agrame.ranker import score_corpus
 
 from .common import command_line, peak_rss_mb, sample, write_result
 from .data import load_questions
 from .encodings import cache_root
-from .index_search import PoolVectors, build, encode_queries
+from .index_search import PoolVectors, build, encode_queries, exhaustive_scores
 
 SELECTIVITIES = (0.001, 0.01, 0.1, 0.5, 1.0)
 PASSAGE_K, SENTENCE_K = 100, 10
@@ -88,19 +86,6 @@ def _subset(corpus: EncodedCorpus, keep: np.ndarray) -> EncodedCorpus:
 
 def _spans(corpus: EncodedCorpus, p: int):
     return [tuple(x) for x in corpus.sentences[corpus.sentence_passage == p].tolist()]
-
-
-def exhaustive_scores(index: Index, q, s, alpha: float):
-    """Passage scores and combined sentence scores of every stored position (decompressed)."""
-    store = index.store
-    passage, combined = [], []
-    for lo in range(0, len(store), 512):
-        pids = np.arange(lo, min(lo + 512, len(store)))
-        corpus = store.corpus(pids, with_offsets=False)
-        scores = score_corpus(q, s, corpus, "sentence", chunk_tokens=1 << 18)
-        passage.append(scores.passage)
-        combined.append(scoring.combined_score(scores.sentence, scores.passage[corpus.sentence_passage], alpha))
-    return torch.cat(passage), torch.cat(combined)
 
 
 def _sentence_id(index: Index, hit) -> int:
