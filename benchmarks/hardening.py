@@ -38,10 +38,12 @@ def tiny_index(folder: Path):
     from agrame.corpus import Passage
     from agrame.index import build_index
 
-    encoder = _make_tiny_encoder()
+    from agrame.encoder import load_encoder
+
     model = folder / "model"
     if not model.exists():
-        encoder.save(model)
+        _make_tiny_encoder().save(model)
+    encoder = load_encoder(str(model))  # the index names the folder: commands find the model
     texts = ["Coral reefs are built by polyps. Warm water causes coral bleaching.",
              "The Great Barrier Reef lies off Queensland. It is visible from space.",
              "Marie Curie was born in Warsaw. She won two Nobel prizes.",
@@ -96,8 +98,29 @@ NASTY = ["", " ", "-", "--", "\x00", "\x1b[31m", "\u202e", "music \udcff", "\ud8
          "-1", "0", "1e309", "nan", "{", "{}", "[]", '{"$or": []}', '{"year": {"$gt": true}}', "x" * 300]
 
 
+def valid_case(rng: random.Random, index: Path, model: Path, files: Dict[str, Path]) -> List[str]:
+    """A command line that works, with at most one argument swapped for a hostile one (so the
+    fuzzing reaches past argument parsing into the model, index and writers)."""
+    m, i = str(model), str(index)
+    cases = [["search", "-i", i, "coral reef"], ["search", "-i", i, "-g", "passage", "--filter", '{"n": {"$gte": 1}}',
+                                                   "reef"],
+             ["search", "-i", i, "-f", "jsonl", "-k", "2", "Warsaw"], ["rank", "-q", "reef", "-p", str(files["txt"]),
+                                                                      "-m", m],
+             ["explain", "-q", "coral", "-i", i, "--id", "p1"], ["delete", "-i", i, "--missing", "ok", "nope"],
+             ["index", "--upsert", "-p", str(files["jsonl2"]), "-i", i], ["compact", "-i", i],
+             ["index", "-p", str(files["jsonl2"]), "-i", str(index.parent / "other"), "-m", m, "--overwrite"],
+             ["cite", "-a", str(files["txt"]), "-p", str(files["txt"]), "-m", m]]
+    argv = list(rng.choice(cases))
+    if rng.random() < 0.7:
+        k = rng.randrange(1, len(argv))
+        argv[k] = rng.choice(NASTY)
+    return argv
+
+
 def cli_case(rng: random.Random, index: Path, model: Path, files: Dict[str, Path]) -> List[str]:
     """A random command line: a real command with a mix of valid and hostile arguments."""
+    if rng.random() < 0.5:
+        return valid_case(rng, index, model, files)
     word = lambda: rng.choice(NASTY + ["reef", "coral bleaching", "p1", str(rng.randint(-2, 200))])  # noqa: E731
     place = lambda: str(rng.choice([index, model, *files.values(), index / "nope", files["jsonl"] / "sub"]))  # noqa: E731
     command = rng.choice(["rank", "index", "search", "delete", "compact", "explain", "cite", "bogus"])
@@ -173,6 +196,7 @@ def _files(folder: Path, rng: random.Random) -> Dict[str, Path]:
         "tsv": b"a\tReefs grow slowly.\nno tab here\n",
         "bad.jsonl": b'{"id": 1, "text": ["x"]}\n{"metadata": {"a": {"b": 1}}, "text": "t"}\n\xff\xfe\n',
         "txt": "Marie Curie was born in Warsaw.\n\u202e evil \x1b[2J\n".encode(),
+        "jsonl2": b'{"id": "p1", "text": "Reefs grow slowly.", "metadata": {"k": 1}}\n',
         "ids": b"p1\np9\n\xff\n",
     }
     for name, data in contents.items():
