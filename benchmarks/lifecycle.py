@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from agrame.corpus import EncodedCorpus, Passage
 from agrame.index import Index
-from agrame.index.store import build_compressed
+from agrame.index.store import VectorSource, build_compressed
 
 from .common import command_line, peak_rss_mb, sample, write_result
 from .data import load_questions
@@ -66,26 +66,25 @@ def meta_index(vectors: PoolVectors, keep: np.ndarray = None, name: str = "meta"
     meta = pool_metadata(len(corpus))
     keep = np.arange(len(corpus)) if keep is None else keep
     passages = [Passage(str(i), vectors.pool.texts[i], metadata=meta[i]) for i in keep]
-    sub = corpus if len(keep) == len(corpus) else _subset(corpus, keep)
+    sub = corpus if len(keep) == len(corpus) else _Subset(corpus, keep)
     build_compressed(vectors.encoder, passages, path, codec=codec, encoded=sub, progress=True,
                      sentences=[vectors.spans[i] for i in keep])
     return path
 
 
-def _subset(corpus: EncodedCorpus, keep: np.ndarray) -> EncodedCorpus:
-    from agrame.encoder import EncodedPassage
+class _Subset(VectorSource):
+    """The cached vectors of the ``keep`` positions only, chunk by chunk (nothing materialised)."""
 
-    items, encoded = [], []
-    for p in keep.tolist():
-        sl = corpus.passage_tokens(p)
-        encoded.append(EncodedPassage(torch.from_numpy(np.asarray(corpus.vectors[sl], dtype=np.float32)),
-                                      corpus.offsets[sl]))
-        items.append(Passage(corpus.ids[p], corpus.texts[p]))
-    return EncodedCorpus.build(items, encoded, [_spans(corpus, p) for p in keep.tolist()])
+    def __init__(self, corpus: EncodedCorpus, keep: np.ndarray):
+        super().__init__(corpus)
+        self.keep = keep
 
-
-def _spans(corpus: EncodedCorpus, p: int):
-    return [tuple(x) for x in corpus.sentences[corpus.sentence_passage == p].tolist()]
+    def chunks(self, passages, chunk, bar):
+        for lo in range(0, len(passages), chunk):
+            part = list(passages[lo:lo + chunk])
+            if bar is not None:
+                bar.update(len(part))
+            yield lo, part, [self.passage(int(p)) for p in self.keep[lo:lo + len(part)]]
 
 
 def _sentence_id(index: Index, hit) -> int:
