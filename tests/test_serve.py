@@ -156,3 +156,24 @@ def test_protected_reads(tmp_path, tiny_encoder, tiny_model_dir):
     assert client.post("/search", json={"query": "reef"}).status_code == 401
     assert client.post("/search", json={"query": "reef"}, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
     assert client.get("/health").status_code == 200 and client.get("/").status_code == 200
+
+
+def test_serve_load_write_phase_on_a_real_server(tmp_path, tiny_encoder, tiny_model_dir):
+    """benchmarks.serve_load's third phase, small: readers and an HTTP writer, nothing lost or mixed."""
+    import argparse
+
+    from benchmarks.browser_check import Server
+    from benchmarks.serve_load import _write_phase
+
+    path = tmp_path / "lx"
+    build_index(tiny_encoder, [Passage(str(i), t) for i, t in enumerate(TEXTS * 4)], path, progress=False)
+    added = tmp_path / "texts.jsonl"
+    added.write_text("".join(json.dumps({"id": f"x{i}", "text": f"Reef number {i} bleaches in warm water."}) + "\n"
+                             for i in range(12)))
+    args = argparse.Namespace(clients=2, requests=5, seconds=120, write_rounds=3, write_batch=3)
+    queries = ["coral reef", "Warsaw", "space"] * 80
+    with Server(create_app(path, model=str(tiny_model_dir), allow_writes=True, api_key=KEY)) as server:
+        result = _write_phase(server.port, KEY, queries, added, args)
+    assert result["errors"] == 0 and result["write_errors"] == 0 and result["mixed"] == 0
+    assert result["lost"] == 0 and result["returned_after_delete"] == 0
+    assert result["readers_returned_after_delete"] == 0 and result["responses_checked_against_known_generation"] > 0
