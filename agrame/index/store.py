@@ -64,6 +64,8 @@ def append_files(store_offsets: bool) -> Tuple[str, ...]:
 #: 34k-passage corpus on a GPU. On 2 CPU cores the k-means cost (points × K × d per
 #: iteration) must stay within minutes, so the sample is K × this (measured in benchmarks).
 POINTS_PER_CENTROID = 8
+#: Filter masks a generation keeps (:meth:`Store.allowed`).
+FILTER_CACHE = 64
 KMEANS_NITER = 8
 
 
@@ -522,6 +524,8 @@ class Store:
         if len(self.deleted):
             self.alive = np.ones(N, dtype=bool)
             self.alive[self.deleted] = False
+            self.alive.flags.writeable = False
+        self._filter_cache: Dict[str, np.ndarray] = {}
         self.starts = np.concatenate([[0], np.cumsum(self.doclens)])
         self.sent_starts = np.concatenate([[0], np.cumsum(self.sentcounts)])
         if self.starts[-1] != m["num_tokens"] or self.sent_starts[-1] != m["num_sentences"]:
@@ -605,18 +609,38 @@ class Store:
         return {} if self.meta is None else self.meta.metadata(p)
 
     def allowed(self, spec) -> Optional[np.ndarray]:
-        """Boolean mask of the live positions a filter admits (None: every position, nothing deleted)."""
-        from .metadata import is_empty, matches, parse_filter
+        """Boolean mask of the live positions a filter admits (None: every position, nothing deleted).
+
+        Masks are cached per filter (its canonical JSON) for this generation's lifetime: a service
+        sees the same few filters (a tenant, a source) again and again, and a generation never changes.
+        The returned array is read-only."""
+        from .metadata import is_empty
 
         if is_empty(spec):
-            return None if self.alive is None else self.alive.copy()
+            return self.alive
+        key = json.dumps(spec, sort_keys=True, ensure_ascii=True) if not isinstance(spec, (str, bytes)) else spec
+        mask = self._filter_cache.get(key)
+        if mask is None:
+            mask = self.filter_mask(spec)
+            if len(self._filter_cache) >= FILTER_CACHE:
+                self._filter_cache.pop(next(iter(self._filter_cache)))
+            self._filter_cache[key] = mask
+        return mask
+
+    def filter_mask(self, spec) -> np.ndarray:
+        """:meth:`allowed`, computed (no cache)."""
+        from .metadata import matches, parse_filter
+
         tree = parse_filter(spec)
         if self.meta is None:  # an index written before metadata: every passage has none
             mask = np.full(len(self), matches({}, tree), dtype=bool)
         else:
             mask = np.zeros(len(self), dtype=bool)
             mask[self.meta.positions(tree, len(self))] = True
-        return mask if self.alive is None else mask & self.alive
+        if self.alive is not None:
+            mask &= self.alive
+        mask.flags.writeable = False
+        return mask
 
     def token_rows(self, pids: np.ndarray) -> np.ndarray:
         """Token positions of passages ``pids``, concatenated in that order."""
