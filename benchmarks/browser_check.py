@@ -145,7 +145,7 @@ def main(argv=None) -> None:
     browser = find_browser()
     if browser is None:
         raise SystemExit("error: no Chromium found (apt-get install chromium)")
-    from agrame.serve import create_app
+    from agrame_app.serve import create_app
 
     with tempfile.TemporaryDirectory() as tmp:
         index = args.index

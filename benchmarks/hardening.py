@@ -145,7 +145,7 @@ def cli_case(rng: random.Random, index: Path, model: Path, files: Dict[str, Path
 
 def run_cli(argv: List[str]) -> tuple:
     """(exit code, stderr, traceback or None): argparse's own exit counts as its code."""
-    from agrame.cli import main
+    from agrame_app.cli import main
 
     err, out = io.StringIO(), io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
@@ -264,7 +264,7 @@ def http_case(rng: random.Random):
 def fuzz_http(examples: int, seed: int, index: Path, model: Path, key: str = "k") -> dict:
     from fastapi.testclient import TestClient
 
-    from agrame.serve import create_app
+    from agrame_app.serve import create_app
 
     client = TestClient(create_app(index, model=str(model), allow_writes=True, api_key=key),
                         raise_server_exceptions=False)
@@ -317,7 +317,7 @@ def cmd_heavy(args) -> None:
     body = json.dumps({"query": "What causes coral bleaching?", "granularity": "sentence", "top_k": 10,
                        "passages": [{"id": str(i), "text": text} for i in range(100)]})
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "agrame.cli", "serve", "--port", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "agrame_app.cli", "serve", "--port", str(port)],
                               env={**os.environ, "OMP_NUM_THREADS": str(args.threads)}, stderr=subprocess.DEVNULL)
     results, health_ms = [], []
     try:

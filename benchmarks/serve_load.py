@@ -171,7 +171,7 @@ def main(argv=None) -> None:
         port = _free_port()
         key = os.urandom(16).hex()
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "AGRAME_API_KEY": key}
-        server = subprocess.Popen([sys.executable, "-m", "agrame.cli", "serve", "-i", str(served), "--port", str(port),
+        server = subprocess.Popen([sys.executable, "-m", "agrame_app.cli", "serve", "-i", str(served), "--port", str(port),
                                    "--allow-writes"], env=env, stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.time() + 300
@@ -189,7 +189,7 @@ def main(argv=None) -> None:
             plain = run_load(port, queries, args.clients, args.requests, args.seconds)
             plain.pop("_records")
             base = health["index"]["passages"]
-            adder = subprocess.Popen([sys.executable, "-m", "agrame.cli", "index", "--add", "-p", str(added),
+            adder = subprocess.Popen([sys.executable, "-m", "agrame_app.cli", "index", "--add", "-p", str(added),
                                       "-i", str(served)], env={**os.environ, "OMP_NUM_THREADS": "1"},
                                      stderr=subprocess.PIPE, text=True)
             # Load until the add has committed, then one more round: responses from both generations.

@@ -17,7 +17,7 @@ BROWSER = find_browser()
 def test_page_outlines_the_top_sentence(tmp_path, tiny_encoder, tiny_model_dir, coral_file):
     from agrame.index import build_index
     from agrame.io import read_passages
-    from agrame.serve import create_app
+    from agrame_app.serve import create_app
 
     build_index(tiny_encoder, read_passages(str(coral_file)), tmp_path / "ix", progress=False)
     result = check_page(create_app(tmp_path / "ix", model=str(tiny_model_dir)), "coral bleaching", BROWSER)
@@ -31,7 +31,7 @@ def test_page_filter_field_restricts_the_results(tmp_path, tiny_encoder, tiny_mo
     from agrame.corpus import Passage
     from agrame.index import build_index
     from agrame.io import read_passages
-    from agrame.serve import create_app
+    from agrame_app.serve import create_app
 
     passages = [Passage(p.id, p.text, metadata={"keep": i % 2 == 0}) for i, p in enumerate(read_passages(str(coral_file)))]
     build_index(tiny_encoder, passages, tmp_path / "ix", progress=False)

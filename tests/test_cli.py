@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from agrame.cli import main
+from agrame_app.cli import main
 
 
 def run(argv, capsys, stdin: bytes | None = None, monkeypatch=None):

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from agrame.cli import main
+from agrame_app.cli import main
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks import hardening
-from agrame.cli import main, printable
+from agrame_app.cli import main, printable
 from agrame.index import Index, IndexFolderError, verify_crc
 
 
@@ -89,7 +89,7 @@ def test_invalid_utf8_arguments_exit_2_before_any_model_work(tiny, capsys):
 def test_surrogates_over_http_are_400_naming_the_field(tiny):
     from fastapi.testclient import TestClient
 
-    from agrame.serve import create_app
+    from agrame_app.serve import create_app
 
     index, _, model = tiny
     client = TestClient(create_app(index, model=str(model)), raise_server_exceptions=False)
@@ -108,8 +108,8 @@ def test_surrogates_over_http_are_400_naming_the_field(tiny):
 def test_heavy_requests_beyond_the_budget_get_503(tiny):
     from fastapi.testclient import TestClient
 
-    from agrame.serve import Limits, create_app
-    from agrame.serve.app import _Gate
+    from agrame_app.serve import Limits, create_app
+    from agrame_app.serve.app import _Gate
 
     gate = _Gate(1, 100)
     gate.enter(80)

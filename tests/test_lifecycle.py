@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agrame.cli import main
+from agrame_app.cli import main
 from agrame.corpus import EncodedCorpus, Passage
 from agrame.index import (Index, IndexFolderError, IndexLockedError, IndexWriter, UnknownIdsError, build_index,
                           read_manifest, verify_crc)

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from agrame.corpus import Passage  # noqa: E402
 from agrame.index import add_passages, build_index  # noqa: E402
-from agrame.serve import Limits, create_app  # noqa: E402
+from agrame_app.serve import Limits, create_app  # noqa: E402
 
 TEXTS = ["Coral reefs are built by polyps. Warm water causes coral bleaching.",
          "The Great Barrier Reef lies off Queensland. It is visible from space.",

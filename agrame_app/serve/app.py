@@ -125,7 +125,7 @@ class IndexHolder:
         return (folder.st_ino, manifest.st_ino, manifest.st_mtime_ns, manifest.st_size)
 
     def _open(self, verify="auto") -> _Generation:
-        from ..index import Index
+        from agrame.index import Index
 
         key = self._key()
         return _Generation(Index(self.path, model=self.encoder, verify=verify), key)
@@ -157,7 +157,7 @@ class IndexHolder:
 
 
 def _passages(items, limits: Limits):
-    from ..corpus import Passage
+    from agrame.corpus import Passage
 
     if not items:
         raise _Error(400, "no passages given")
@@ -253,13 +253,13 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import FileResponse, JSONResponse
 
-    from .. import __version__
-    from ..encoder import load_encoder
-    from ..ranker import Ranker
+    from agrame import __version__
+    from agrame.encoder import load_encoder
+    from agrame.ranker import Ranker
 
     holder: Optional[IndexHolder] = None
     if index is not None:
-        from ..index import Index
+        from agrame.index import Index
 
         opened = Index(index, model=model)
         holder = IndexHolder(Path(index), opened.encoder)
@@ -351,7 +351,7 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
 
     @app.exception_handler(ValueError)
     async def _value(_: Request, exc: ValueError):
-        from ..index import UnknownIdsError
+        from agrame.index import UnknownIdsError
 
         return JSONResponse({"error": str(exc)}, status_code=404 if isinstance(exc, UnknownIdsError) else 400)
 
@@ -430,7 +430,7 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
         return {**record, "generation": idx.manifest.get("generation", 1)}
 
     def _write(change):
-        from ..index import IndexLockedError, IndexWriter
+        from agrame.index import IndexLockedError, IndexWriter
 
         with write_lock:
             try:
@@ -448,7 +448,7 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
             raise _Error(400, "no passages given")
         if len(req.passages) > limits.max_write_passages:
             raise _Error(413, f"{len(req.passages)} passages: at most {limits.max_write_passages} per request")
-        from ..corpus import Passage
+        from agrame.corpus import Passage
 
         for p in req.passages:
             if len(p.text) > limits.max_passage_chars:

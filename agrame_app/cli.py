@@ -15,8 +15,8 @@ import shutil
 import sys
 from typing import List, Optional, Sequence
 
-from . import __version__
-from .io import FORMATS, read_passages, read_text
+from agrame import __version__
+from agrame.io import FORMATS, read_passages, read_text
 
 EXIT_USAGE = 2
 
@@ -75,15 +75,15 @@ def _finite_float(value: str) -> float:
 
 
 def _default_model_help() -> str:
-    from .delta import is_delta
-    from .encoder import SHIPPED_MODEL
+    from agrame.delta import is_delta
+    from agrame.encoder import SHIPPED_MODEL
 
     return ("default: the trained model in agrame/models/default" if is_delta(SHIPPED_MODEL)
             else "default: zero-shot MiniLM (all-MiniLM-L6-v2, untrained)")
 
 
 def _model_names() -> str:
-    from .encoder import named_models
+    from agrame.encoder import named_models
 
     return ", ".join(["zero-shot", *named_models()])
 
@@ -319,7 +319,7 @@ def _cmd_rank(args) -> int:
     passages = read_passages(args.passages, args.input_format)
     if args.granularity == "span" and not any(p.spans for p in passages):
         raise UsageError(f"{args.passages}: --granularity span needs a JSONL 'spans' field on at least one passage")
-    from .ranker import Ranker
+    from agrame.ranker import Ranker
 
     ranker = Ranker(args.model, alpha=args.alpha, batch_size=args.batch_size)
     corpus = ranker.encode(passages, progress=len(passages) > 64)
@@ -343,9 +343,9 @@ def _cmd_index(args) -> int:
     if (args.add or args.upsert) and args.index_format == 1:
         raise UsageError("--add and --upsert need a compressed index (--format 2)")
     passages = read_passages(args.passages, args.input_format)
-    from .encoder import load_encoder
-    from .index import IndexWriter, build_index, read_manifest
-    from .index.format import load_index_model
+    from agrame.encoder import load_encoder
+    from agrame.index import IndexWriter, build_index, read_manifest
+    from agrame.index.format import load_index_model
 
     if args.add or args.upsert:
         manifest = read_manifest(args.index)
@@ -365,7 +365,7 @@ def _cmd_index(args) -> int:
 
 
 def _read_ids(path: str) -> List[str]:
-    from .io import read_lines
+    from agrame.io import read_lines
 
     ids = [line.strip() for _, line in read_lines(path) if line.strip()]
     if not ids:
@@ -376,7 +376,7 @@ def _read_ids(path: str) -> List[str]:
 def _parse_filter(text: Optional[str]):
     if text is None:
         return None
-    from .index.metadata import parse_filter
+    from agrame.index.metadata import parse_filter
 
     parse_filter(text)  # FilterError (a ValueError) names the problem
     return json.loads(text)
@@ -389,7 +389,7 @@ def _cmd_delete(args) -> int:
     if args.filter is None and not ids:
         raise UsageError("no ids given (pass IDs, --ids-file FILE or --filter JSON)")
     spec = _parse_filter(args.filter)
-    from .index import IndexWriter, read_manifest
+    from agrame.index import IndexWriter, read_manifest
 
     with IndexWriter(args.index, lock_timeout=args.lock_timeout, compact_threshold=_threshold(args),
                      say=_say) as writer:
@@ -401,7 +401,7 @@ def _cmd_delete(args) -> int:
 
 
 def _cmd_compact(args) -> int:
-    from .index import IndexWriter
+    from agrame.index import IndexWriter
 
     with IndexWriter(args.index, lock_timeout=args.lock_timeout, compact_threshold=None, say=_say) as writer:
         new = writer.compact()
@@ -414,7 +414,7 @@ def _cmd_compact(args) -> int:
 def _cmd_search(args) -> int:
     if not args.query.strip():
         raise UsageError("the query is empty")
-    from .index import Index
+    from agrame.index import Index
 
     spec = _parse_filter(args.filter)
     index = Index(args.index, model=args.model)
@@ -428,7 +428,7 @@ def _cmd_serve(args) -> int:
     try:
         import uvicorn
 
-        from .serve import create_app
+        from agrame_app.serve import create_app
     except ImportError as exc:
         raise UsageError(f"agrame serve needs the serve extra (pip install 'agrame[serve]'): {exc}") from None
     api_key = None
@@ -453,12 +453,12 @@ def _cmd_serve(args) -> int:
 def _cmd_explain(args) -> int:
     import os
 
-    from .explain import render_html, render_text
+    from agrame.explain import render_html, render_text
 
     if not args.query.strip():
         raise UsageError("--query is empty")
     if args.index is not None:
-        from .index import Index
+        from agrame.index import Index
 
         index = Index(args.index, model=args.model)
         passage_id = args.passage_id
@@ -470,7 +470,7 @@ def _cmd_explain(args) -> int:
         explanation = index.explain(args.query, passage_id, alpha=args.alpha)
     else:
         passages = read_passages(args.passages, args.input_format)
-        from .ranker import Ranker
+        from agrame.ranker import Ranker
 
         ranker = Ranker(args.model, alpha=args.alpha)
         corpus = ranker.encode(passages, progress=len(passages) > 64)

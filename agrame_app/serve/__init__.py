@@ -1,6 +1,6 @@
 """``agrame serve``: an HTTP API and a one-page web UI over an index (the ``serve`` extra).
 
->>> from agrame.serve import create_app
+>>> from agrame_app.serve import create_app
 >>> app = create_app("my-index")        # FastAPI; run with uvicorn, bound to 127.0.0.1
 """
 
