@@ -6,12 +6,14 @@
 Each trial starts a worker process (model loaded, index not yet touched), tells it to run one
 operation — ``build`` (``--overwrite`` of the index with another passage set), ``add``,
 ``upsert``, ``delete`` or ``compact`` — and kills it after a random delay drawn uniformly from
-[0, 1.25 × that operation's measured duration]. Then, reading as a new process would:
+[0, 1.25 × that operation's measured duration] (from the go to the worker's "done", interpreter
+exit not counted). Then, reading as a new process would:
 
 1. the index opens and every file passes its checksum (``verify_crc``: CRC-32 of every store
    file, SQLite's integrity check of the metadata);
-2. its content — every live passage's id, text and metadata, and a search — equals the state
-   *before* the operation or the state *after* it, never anything else;
+2. its content — every live passage's id, text and metadata, and the committed generation —
+   equals the state *before* the operation or the state *after* it (one generation later), never
+   anything else (so a compaction, which changes no content, is told apart by its generation);
 3. the next writer recovers: after it takes the lock, no file the manifest does not name is left
    in the folder (nor a temporary folder beside it), every store file has exactly its committed
    size, and the content is unchanged by the recovery.
@@ -35,6 +37,7 @@ from typing import Dict, List, Optional, Tuple
 
 OPS = ("build", "add", "upsert", "delete", "compact")
 State = Dict[str, Tuple[str, str]]  # id → (text, metadata as sorted JSON)
+GENERATION = "\0generation"  # the state's key for the committed generation (not a passage id)
 
 
 def _metadata(rng: random.Random) -> dict:
@@ -53,7 +56,7 @@ def read_state(path: Path, model=None) -> State:
     verify_crc(path)
     index = Index(path, model=model, verify=True)
     try:
-        state = {}
+        state = {GENERATION: index.manifest["generation"]}
         for pid, pos in index.store.live_ids().items():
             record = index.store.record(pos)
             state[pid] = (record["text"], json.dumps(index.store.metadata(pos), sort_keys=True))
@@ -89,13 +92,14 @@ def leftovers(path: Path) -> List[str]:
 def plan(op: str, state: State, pool: List[str], rng: random.Random, trial: int, size: int) -> Tuple[dict, State]:
     """An operation's arguments and the state it leads to."""
     after = dict(state)
-    live = sorted(state)
+    after[GENERATION] = state[GENERATION] + 1  # every operation here commits exactly one generation
+    live = sorted(k for k in state if k != GENERATION)
     if op in ("add", "upsert", "build"):
         records = []
         if op == "build":
             keep = rng.sample(live, max(1, len(live) - size)) if len(live) > size else live
             records = [_record(pid, *state[pid][:1], json.loads(state[pid][1])) for pid in keep]
-            after = {pid: state[pid] for pid in keep}
+            after = {GENERATION: after[GENERATION], **{pid: state[pid] for pid in keep}}
         olds = rng.sample(live, min(len(live), size // 2)) if op == "upsert" else []
         news = [f"t{trial}-{j}" for j in range(size - len(olds))]
         for pid in olds + news:
@@ -139,6 +143,15 @@ def worker(args) -> None:
     print("done", flush=True)
 
 
+def _op_seconds(proc: subprocess.Popen) -> float:
+    """Seconds from the parent's go to the worker's 'done' (the operation, without interpreter exit)."""
+    started = time.perf_counter()
+    line = proc.stdout.readline()
+    if line.strip() != "done":
+        raise RuntimeError(f"fault worker failed (said {line!r})")
+    return time.perf_counter() - started
+
+
 def _start(index: Path, model: Optional[str]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "benchmarks.fault", "worker", "--index", str(index)]
     if model:
@@ -178,11 +191,10 @@ def run(index: Path, model: Optional[str], pool: List[str], kills: int, seed: in
         spec_file.write_text(json.dumps(spec))
         proc = _start(index, model)
         proc.stdout.readline()
-        started = time.perf_counter()
         proc.stdin.write(f"{spec_file}\n")
         proc.stdin.flush()
+        durations[op] = _op_seconds(proc)
         proc.wait()
-        durations[op] = time.perf_counter() - started
         state = read_state(index, model_arg)
         if state != after:
             failures.append(f"calibration {op}: state differs from the planned one")
