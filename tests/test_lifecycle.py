@@ -397,3 +397,20 @@ def test_cli_upsert_delete_compact_and_filter(tmp_path, tiny_model_dir, capsys):
     assert "not valid JSON" in capsys.readouterr().err
     assert main(["delete", "-i", ix]) == 2
     assert sorted(Index(ix).ids()) == ["p1", "p3", "p5"]
+
+
+def test_a_replaced_generation_is_freed_without_a_cycle_collection(built, tiny_encoder):
+    """A server reopens a generation per write: the old one (memory maps, SQLite connection) must go
+    as soon as nothing uses it, not at the next full garbage collection (a cycle kept 40 of them)."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        index = Index(built, model=tiny_encoder)
+        index.search("coral", "sentence")
+        old_index, old_store = weakref.ref(index), weakref.ref(index.store)
+        del index
+        assert old_index() is None and old_store() is None
+    finally:
+        gc.enable()

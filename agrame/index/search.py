@@ -16,6 +16,7 @@ matrix of centroid similarities, so no second MaxSim is written here.
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import List, NamedTuple, Optional, Sequence, Union
 
@@ -92,7 +93,10 @@ class Index(BaseIndex):
             from .v1 import load_index
             v1 = load_index(self.path)[1]
         else:
-            store = Store(self.path, manifest, self._verify, tokenize=self._passage_offsets)
+            # A weak reference: Store → Index would be a cycle, and a server that reopens a generation per
+            # write would keep every old one (its memory maps, its SQLite connection) until a full GC.
+            method = weakref.WeakMethod(self._passage_offsets)
+            store = Store(self.path, manifest, self._verify, tokenize=lambda texts: method()(texts))
             self._centroids = torch.from_numpy(store.codec.centroids.astype(np.float32))
         old, self.store, self._v1, self.manifest = self.store, store, v1, manifest
         if old is not None:
