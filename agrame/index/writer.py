@@ -312,7 +312,9 @@ class IndexWriter:
         if manifest["format"] != FORMAT_V2:
             raise IndexFolderError(f"{self.path} is a {manifest['format']} index; changing it needs a compressed "
                                    f"({FORMAT_V2}) index (rebuild it with --overwrite)")
-        return manifest, Store(self.path, manifest)
+        # Sizes checked, checksums not recomputed: a change reads only what it touches, and the CRC of a
+        # store of hundreds of MB would be most of a small delete's latency (readers check at open).
+        return manifest, Store(self.path, manifest, verify=False)
 
     def add(self, encoder: Encoder, passages, **options) -> dict:
         """Append passages whose ids the index does not hold (an id it holds is an error)."""
