@@ -297,7 +297,7 @@ def main(argv=None) -> None:
                 overwrite=index.exists(), progress=False)
     started = time.perf_counter()
     result = run(index, args.model, pool_texts, args.kills, args.seed, args.size)
-    result.update(benchmark="fault", model=encoder.source, data=data, start_passages=len(start),
+    result.update(benchmark="fault", harness=2, model=encoder.source, data=data, start_passages=len(start),
                   passages_per_change=args.size, seconds=round(time.perf_counter() - started, 1))
     out = write_result("fault", result, args.out, command_line("benchmarks.fault", sys.argv[1:]))
     print(json.dumps(result["totals"]), "→", out)
