@@ -95,8 +95,7 @@ class Index(BaseIndex):
         else:
             # A weak reference: Store → Index would be a cycle, and a server that reopens a generation per
             # write would keep every old one (its memory maps, its SQLite connection) until a full GC.
-            method = weakref.WeakMethod(self._passage_offsets)
-            store = Store(self.path, manifest, self._verify, tokenize=lambda texts: method()(texts))
+            store = Store(self.path, manifest, self._verify, tokenize=_tokenizer(self, manifest))
             self._centroids = torch.from_numpy(store.codec.centroids.astype(np.float32))
         old, self.store, self._v1, self.manifest = self.store, store, v1, manifest
         if old is not None:
@@ -391,6 +390,21 @@ class Index(BaseIndex):
             lo = hi
         hits.sort(key=lambda h: -h.score)  # stable: equal scores keep index order
         return hits[:top_k] if top_k is not None else hits
+
+
+def _tokenizer(index: "Index", manifest: dict):
+    """The index's model's ``passage_offsets``, holding the index only weakly (a store kept after its
+    index is gone loads the model itself)."""
+    ref, path, model_arg, cache = weakref.ref(index), index.path, index._model_arg, {}
+
+    def tokenize(texts):
+        owner = ref()
+        if owner is not None:
+            return owner.encoder.passage_offsets(texts)
+        if "encoder" not in cache:
+            cache["encoder"] = load_index_model(manifest, path, model_arg)
+        return cache["encoder"].passage_offsets(texts)
+    return tokenize
 
 
 def _top_indices(scores: torch.Tensor, k: int) -> np.ndarray:
