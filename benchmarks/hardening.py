@@ -310,7 +310,7 @@ def cmd_heavy(args) -> None:
 
     from .common import peak_rss_mb
     from .data import load_pool
-    from .serve_load import _free_port
+    from .serve_load import _free_port, wait_for_server
 
     pool = load_pool()
     text = " ".join(pool.texts[:400])[:20_000]
@@ -321,17 +321,7 @@ def cmd_heavy(args) -> None:
                               env={**os.environ, "OMP_NUM_THREADS": str(args.threads)}, stderr=subprocess.DEVNULL)
     results, health_ms = [], []
     try:
-        deadline = time.time() + 300
-        while True:
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                c.request("GET", "/health")
-                c.getresponse().read()
-                break
-            except OSError:
-                if time.time() > deadline:
-                    raise SystemExit("server did not start")
-                time.sleep(0.5)
+        wait_for_server(port, server)
 
         def client(i):
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=900)

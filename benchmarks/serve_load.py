@@ -44,6 +44,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for_server(port: int, server: subprocess.Popen, seconds: float = 300) -> dict:
+    """``/health`` of a server process once it answers (exits if it dies or never answers)."""
+    deadline = time.time() + seconds
+    while True:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/health")
+            return json.loads(conn.getresponse().read())
+        except OSError:
+            if time.time() > deadline or server.poll() is not None:
+                raise SystemExit("error: server did not start")
+            time.sleep(0.5)
+
+
 def _client(port: int, queries: List[str], n: int, offset: int, out: list, deadline: float) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     for i in range(n):
@@ -174,17 +188,7 @@ def main(argv=None) -> None:
         server = subprocess.Popen([sys.executable, "-m", "agrame_app.cli", "serve", "-i", str(served), "--port", str(port),
                                    "--allow-writes"], env=env, stderr=subprocess.PIPE, text=True)
         try:
-            deadline = time.time() + 300
-            while True:
-                try:
-                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                    conn.request("GET", "/health")
-                    health = json.loads(conn.getresponse().read())
-                    break
-                except OSError:
-                    if time.time() > deadline or server.poll() is not None:
-                        raise SystemExit("error: server did not start")
-                    time.sleep(0.5)
+            health = wait_for_server(port, server)
             run_load(port, queries, 2, 5, 60)  # warm-up
             plain = run_load(port, queries, args.clients, args.requests, args.seconds)
             plain.pop("_records")
