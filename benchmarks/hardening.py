@@ -166,7 +166,9 @@ def fuzz_cli(examples: int, seed: int, index: Path, model: Path, folder: Path) -
     for _ in range(examples):
         argv = cli_case(rng, index, model, files)
         before = (index / "manifest.json").read_bytes() if (index / "manifest.json").exists() else None
-        code, err, tb = run_cli(argv)
+        # Hostile argv includes bare words as index folders ("-1", "1e309"): run where they land harmlessly.
+        with contextlib.chdir(folder):
+            code, err, tb = run_cli(argv)
         counts["runs"] += 1
         if tb is not None:
             counts["tracebacks"] += 1
