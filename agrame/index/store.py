@@ -37,7 +37,7 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -127,6 +127,43 @@ def _passage_sentences(passage: Passage, given) -> List[Tuple[int, int]]:
     return split_sentences(passage.text) if given is None else [tuple(s) for s in given]
 
 
+class CompressedBlock(NamedTuple):
+    """Consecutive passages encoded and compressed, ready to append: what an encoding worker (a local
+    loop or a Ray actor, :mod:`agrame.index.distributed`) hands to the one process that writes."""
+
+    codes: np.ndarray
+    residuals: np.ndarray
+    token_rows: np.ndarray  # sentence token rows, or the token table when offsets are stored
+    doclens: np.ndarray
+    sentcounts: np.ndarray
+    sentences: np.ndarray
+    lines: List[bytes]  # passages.jsonl records
+    has_spans: bool
+
+
+def compress_block(codec: ResidualCodec, passages: Sequence[Passage], encoded: Sequence[EncodedPassage],
+                   sentences: Optional[Sequence] = None, *, store_offsets: bool = False) -> CompressedBlock:
+    """Compress encoded passages into the rows of every store file (pure: no file is touched)."""
+    vectors = np.concatenate([e.vectors.numpy() for e in encoded]) if encoded else np.zeros((0, codec.dim))
+    codes, residuals = codec.compress(vectors)
+    doclens = np.array([len(e.offsets) for e in encoded], dtype=np.int32)
+    spans = [_passage_sentences(p, None if sentences is None else sentences[i]) for i, p in enumerate(passages)]
+    for p, sp in zip(passages, spans):
+        if any(b[0] < a[1] for a, b in zip(sp, sp[1:])):
+            raise ValueError(f"passage {p.id!r}: sentence spans must be in order and disjoint")
+    sentcounts = np.array([len(s) for s in spans], dtype=np.int32)
+    flat = np.array([x for s in spans for x in s], dtype=np.int32).reshape(-1, 2)
+    rows = (_token_table(encoded) if store_offsets else _sentence_rows(passages, encoded, flat, sentcounts, doclens))
+    lines, has_spans = [], False
+    for p in passages:
+        record = {"id": p.id, "text": p.text}
+        if p.spans is not None:
+            has_spans = True
+            record["spans"] = [[list(piece) for piece in normalize_span(s, len(p.text))] for s in p.spans]
+        lines.append((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+    return CompressedBlock(codes, np.ascontiguousarray(residuals), rows, doclens, sentcounts, flat, lines, has_spans)
+
+
 class _ChunkWriter:
     """Compress encoded passages and append them (one place for build and add).
 
@@ -145,46 +182,26 @@ class _ChunkWriter:
 
     def write(self, passages: Sequence[Passage], encoded: Sequence[EncodedPassage],
               sentences: Optional[Sequence] = None) -> None:
-        vectors = np.concatenate([e.vectors.numpy() for e in encoded]) if encoded else np.zeros((0, self.codec.dim))
-        codes, residuals = self.codec.compress(vectors)
         if self.check_offsets is not None:
-            import torch
+            _check_offsets(passages, encoded, self.check_offsets)
+        self.append(compress_block(self.codec, passages, encoded, sentences, store_offsets=self.out.store_offsets))
 
-            for p, e, again in zip(passages, encoded, self.check_offsets([p.text for p in passages])):
-                if not torch.equal(e.offsets, again):
-                    raise IndexFolderError(f"passage {p.id!r}: its vectors' token offsets differ from what the "
-                                           "model's tokenizer gives its text (encoded by another model or text?)")
-        doclens = np.array([len(e.offsets) for e in encoded], dtype=np.int32)
-        spans = [_passage_sentences(p, None if sentences is None else sentences[i]) for i, p in enumerate(passages)]
-        for p, sp in zip(passages, spans):
-            if any(b[0] < a[1] for a, b in zip(sp, sp[1:])):
-                raise ValueError(f"passage {p.id!r}: sentence spans must be in order and disjoint")
-        sentcounts = np.array([len(s) for s in spans], dtype=np.int32)
-        flat = np.array([x for s in spans for x in s], dtype=np.int32).reshape(-1, 2)
-        pids = np.repeat(np.arange(self.next_pid, self.next_pid + len(passages), dtype=np.int64), doclens)
-        self.pairs.append(unique_pairs(codes, pids))
-        self.out.write("codes.bin", codes.tobytes())
-        self.out.write("residuals.bin", np.ascontiguousarray(residuals).tobytes())
-        if self.out.store_offsets:
-            self.out.write(TOKENS_FILE, _token_table(encoded).tobytes())
-        else:
-            self.out.write(SENTENCE_TOKENS_FILE, _sentence_rows(passages, encoded, flat, sentcounts, doclens).tobytes())
-        self.out.write("doclens.bin", doclens.tobytes())
-        self.out.write("sentcounts.bin", sentcounts.tobytes())
-        self.out.write("sentences.bin", flat.tobytes())
-        lines, starts = [], []
-        for p in passages:
-            record = {"id": p.id, "text": p.text}
-            if p.spans is not None:
-                self.has_spans = True
-                record["spans"] = [[list(piece) for piece in normalize_span(s, len(p.text))] for s in p.spans]
-            lines.append((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
-        for line in lines:
-            starts.append(self.out.write("passages.jsonl", line))
+    def append(self, block: CompressedBlock) -> None:
+        n = len(block.doclens)
+        pids = np.repeat(np.arange(self.next_pid, self.next_pid + n, dtype=np.int64), block.doclens)
+        self.pairs.append(unique_pairs(block.codes, pids))
+        self.out.write("codes.bin", block.codes.tobytes())
+        self.out.write("residuals.bin", block.residuals.tobytes())
+        self.out.write(TOKENS_FILE if self.out.store_offsets else SENTENCE_TOKENS_FILE, block.token_rows.tobytes())
+        self.out.write("doclens.bin", block.doclens.tobytes())
+        self.out.write("sentcounts.bin", block.sentcounts.tobytes())
+        self.out.write("sentences.bin", block.sentences.tobytes())
+        starts = [self.out.write("passages.jsonl", line) for line in block.lines]
         self.out.write("passage_offsets.bin", np.array(starts, dtype=np.int64).tobytes())
-        self.next_pid += len(passages)
-        self.tokens += int(doclens.sum())
-        self.sentences += int(sentcounts.sum())
+        self.has_spans = self.has_spans or block.has_spans
+        self.next_pid += n
+        self.tokens += int(block.doclens.sum())
+        self.sentences += int(block.sentcounts.sum())
 
 
 def token_sentences_from_rows(rows: np.ndarray, sent_counts: np.ndarray, doclens: np.ndarray) -> np.ndarray:
@@ -360,30 +377,58 @@ def write_store(folder: Path, encoder: Encoder, passages: Sequence[Passage], *, 
         if progress:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(passages), desc="indexing", unit="psg", disable=None)
-        files: Dict[str, dict] = {}
-        _codec_files(folder, codec, files)
-        out = _Appender(folder, files, store_offsets)
-        writer = _ChunkWriter(out, codec, 0, None if source is None else encoder.passage_offsets)
+        check = None if source is None or store_offsets else encoder.passage_offsets
         chunks = (source.chunks(passages, chunk_passages, bar) if source is not None else
                   _encode_chunks(encoder, passages, chunk_passages, batch_size, cached, bar))
-        for lo, part, enc in chunks:
-            writer.write(part, enc, None if sentences is None else sentences[lo:lo + len(part)])
-        out.close()
-        files.update(out.files)
-        ivf = build_ivf(np.concatenate(writer.pairs), codec.num_centroids)
-        _ivf_files(folder, ivf, generation, files)
-        db = MetadataDB(folder / METADATA_FILE, writable=True, create=True)
-        try:
-            db.insert((pos, p.id, p.metadata) for pos, p in enumerate(passages))
-        finally:
-            db.close()
+
+        def blocks() -> Iterator[CompressedBlock]:
+            for lo, part, enc in chunks:
+                if check is not None:
+                    _check_offsets(part, enc, check)
+                yield compress_block(codec, part, enc, None if sentences is None else sentences[lo:lo + len(part)],
+                                     store_offsets=store_offsets)
+
+        return write_blocks(folder, model_block(encoder), codec, codec_info, passages, blocks(),
+                            store_offsets=store_offsets, generation=generation)
     finally:
         if bar is not None:
             bar.close()
+
+
+def _check_offsets(passages: Sequence[Passage], encoded: Sequence[EncodedPassage], offsets_of) -> None:
+    import torch
+
+    for p, e, again in zip(passages, encoded, offsets_of([p.text for p in passages])):
+        if not torch.equal(e.offsets, again):
+            raise IndexFolderError(f"passage {p.id!r}: its vectors' token offsets differ from what the "
+                                   "model's tokenizer gives its text (encoded by another model or text?)")
+
+
+def write_blocks(folder: Path, model: dict, codec: ResidualCodec, codec_info: dict, passages: Sequence[Passage],
+                 blocks, *, store_offsets: bool = False, generation: int = 1) -> dict:
+    """Append compressed blocks (:func:`compress_block`, in passage order) as a new store in ``folder``:
+    codec, token files, inverted file, metadata; returns the manifest that would commit them."""
+    files: Dict[str, dict] = {}
+    _codec_files(folder, codec, files)
+    out = _Appender(folder, files, store_offsets)
+    writer = _ChunkWriter(out, codec, 0)
+    for block in blocks:
+        writer.append(block)
+    out.close()
+    if writer.next_pid != len(passages):
+        raise IndexFolderError(f"{writer.next_pid} passages written for {len(passages)} given")
+    files.update(out.files)
+    ivf = build_ivf(np.concatenate(writer.pairs), codec.num_centroids)
+    _ivf_files(folder, ivf, generation, files)
+    db = MetadataDB(folder / METADATA_FILE, writable=True, create=True)
+    try:
+        db.insert((pos, p.id, p.metadata) for pos, p in enumerate(passages))
+    finally:
+        db.close()
     return {
         "format": FORMAT_V2, "generation": generation, "agrame_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "model": model_block(encoder), "dim": codec.dim, "nbits": codec.nbits,
+        "model": model, "dim": codec.dim, "nbits": codec.nbits,
         "num_centroids": codec.num_centroids, "code_dtype": codec.code_dtype.str,
         "codec": codec_info, "num_passages": writer.next_pid, "num_tokens": writer.tokens,
         "num_sentences": writer.sentences, "has_spans": writer.has_spans,
