@@ -158,6 +158,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="replace an existing index (only an AGRaME index: any other folder is refused) "
                             "as a new generation; readers see the old or the new one")
     index.add_argument("--batch-size", type=_positive_int, default=16, help="passages per forward pass (default: 16, fastest on CPU)")
+    index.add_argument("--shards", type=_positive_int, default=None, metavar="S",
+                       help="split the index into S shards with one codec, passages routed by a hash of their id; "
+                            "searched as one index (shards in parallel)")
+    index.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                       help="encode on a Ray cluster: an actor pool of encoders (one GPU each where the cluster "
+                            "has GPUs). ADDRESS: 'auto', ray://HOST:10001, or none to start Ray on this machine "
+                            "(needs pip install 'agrame[ray]')")
+    index.add_argument("--workers", type=_positive_int, default=None, metavar="N",
+                       help="with --ray: encoder actors (default: one per GPU, else one per 2 CPUs)")
+    index.add_argument("--resume", action="store_true",
+                       help="with --ray: continue an interrupted build from its finished blocks")
     _add_writer_options(index)
 
     search = sub.add_parser(
@@ -328,39 +339,92 @@ def _cmd_rank(args) -> int:
     return 0
 
 
+_UNSET_THRESHOLD = object()
+
+
 def _threshold(args) -> Optional[float]:
     return None if args.compact_threshold >= 1 else args.compact_threshold
+
+
+def _manifest(path: str) -> dict:
+    from agrame.index import read_manifest
+
+    return read_manifest(path)
 
 
 def _live(manifest: dict) -> int:
     return int(manifest["num_passages"]) - int(manifest.get("num_deleted", 0))
 
 
+def _writer(path: str, args, compact_threshold=_UNSET_THRESHOLD):
+    """The writer of an index folder of either kind (single or sharded)."""
+    from agrame.index import IndexWriter
+    from agrame.index.sharded import ShardedWriter, is_sharded
+
+    threshold = _threshold(args) if compact_threshold is _UNSET_THRESHOLD else compact_threshold
+    if is_sharded(path):
+        return ShardedWriter(path, lock_timeout=args.lock_timeout, compact_threshold=threshold, say=_say,
+                             model=getattr(args, "model", None))
+    return IndexWriter(path, lock_timeout=args.lock_timeout, compact_threshold=threshold, say=_say)
+
+
+def _index_model(path: str, model):
+    from agrame.index import read_manifest
+    from agrame.index.format import load_index_model
+    from agrame.index.sharded import is_sharded, read_shards
+
+    if is_sharded(path):
+        path = os.path.join(path, read_shards(path)["shards"][0])
+    return load_index_model(read_manifest(path), path, model)
+
+
 def _cmd_index(args) -> int:
-    chosen = [f"--{name}" for name in ("add", "upsert", "overwrite") if getattr(args, name)]
+    chosen = [f"--{name}" for name in ("add", "upsert", "overwrite", "resume") if getattr(args, name)]
     if len(chosen) > 1:
         raise UsageError(f"{' and '.join(chosen)} cannot be combined")
     if (args.add or args.upsert) and args.index_format == 1:
         raise UsageError("--add and --upsert need a compressed index (--format 2)")
+    if (args.add or args.upsert) and (args.shards or args.ray):
+        raise UsageError("--shards and --ray build a new index; --add/--upsert keep the index's own layout")
+    if args.index_format == 1 and (args.shards or args.ray):
+        raise UsageError("--shards and --ray build compressed indexes (--format 2)")
+    if (args.workers or args.resume) and not args.ray:
+        raise UsageError("--workers and --resume go with --ray")
+    ray_session = None
+    if args.ray:
+        from agrame.index import distributed
+
+        ray_session = distributed.check_ray()  # says how to install Ray (exit 2) before the passages are read
     passages = read_passages(args.passages, args.input_format)
     from agrame.encoder import load_encoder
-    from agrame.index import IndexWriter, build_index, read_manifest
-    from agrame.index.format import load_index_model
+    from agrame.index import build_index
 
     if args.add or args.upsert:
-        manifest = read_manifest(args.index)
-        encoder = load_index_model(manifest, args.index, args.model)
-        with IndexWriter(args.index, lock_timeout=args.lock_timeout, compact_threshold=_threshold(args),
-                         say=_say) as writer:
+        encoder = _index_model(args.index, args.model)
+        with _writer(args.index, args) as writer:
             change = writer.upsert if args.upsert else writer.add
             new = change(encoder, passages, batch_size=args.batch_size, progress=True)
         print(f"{'upserted' if args.upsert else 'added'} {len(passages)} passages to {args.index} "
               f"({_live(new)} in all, generation {new['generation']})", file=sys.stderr)
         return 0
-    encoder = load_encoder(args.model)
-    path = build_index(encoder, passages, args.index, format=args.index_format, nbits=args.nbits,
-                       batch_size=args.batch_size, overwrite=args.overwrite, lock_timeout=args.lock_timeout)
-    print(f"indexed {len(passages)} passages into {path}", file=sys.stderr)
+    if ray_session is not None:
+        from agrame.index import distributed
+
+        path = distributed.build_with_ray(args.model, passages, args.index, address=args.ray, workers=args.workers,
+                                          shards=args.shards, nbits=args.nbits, batch_size=args.batch_size,
+                                          overwrite=args.overwrite, resume=args.resume,
+                                          lock_timeout=args.lock_timeout, say=_say)
+    elif args.shards:
+        from agrame.index.sharded import build_sharded
+
+        path = build_sharded(load_encoder(args.model), passages, args.index, args.shards, nbits=args.nbits,
+                             batch_size=args.batch_size, overwrite=args.overwrite, lock_timeout=args.lock_timeout)
+    else:
+        path = build_index(load_encoder(args.model), passages, args.index, format=args.index_format,
+                           nbits=args.nbits, batch_size=args.batch_size, overwrite=args.overwrite,
+                           lock_timeout=args.lock_timeout)
+    shards = f" ({args.shards} shards)" if args.shards else ""
+    print(f"indexed {len(passages)} passages into {path}{shards}", file=sys.stderr)
     return 0
 
 
@@ -389,11 +453,8 @@ def _cmd_delete(args) -> int:
     if args.filter is None and not ids:
         raise UsageError("no ids given (pass IDs, --ids-file FILE or --filter JSON)")
     spec = _parse_filter(args.filter)
-    from agrame.index import IndexWriter, read_manifest
-
-    with IndexWriter(args.index, lock_timeout=args.lock_timeout, compact_threshold=_threshold(args),
-                     say=_say) as writer:
-        before = _live(read_manifest(args.index))
+    with _writer(args.index, args) as writer:
+        before = _live(writer.summary() if hasattr(writer, "summary") else _manifest(args.index))
         new = writer.delete_where(spec) if spec is not None else writer.delete(ids, missing=args.missing)
     print(f"deleted {before - _live(new)} passages from {args.index} ({_live(new)} left, "
           f"generation {new['generation']})", file=sys.stderr)
@@ -401,11 +462,9 @@ def _cmd_delete(args) -> int:
 
 
 def _cmd_compact(args) -> int:
-    from agrame.index import IndexWriter
-
-    with IndexWriter(args.index, lock_timeout=args.lock_timeout, compact_threshold=None, say=_say) as writer:
+    with _writer(args.index, args, compact_threshold=None) as writer:
         new = writer.compact()
-    done = writer.last_compaction or {}
+    done = getattr(writer, "last_compaction", None) or {}
     print(f"compacted {args.index}: {done.get('passages_removed', 0)} deleted passages removed, "
           f"{done.get('bytes_returned', 0):,} bytes returned (generation {new['generation']})", file=sys.stderr)
     return 0
@@ -414,10 +473,10 @@ def _cmd_compact(args) -> int:
 def _cmd_search(args) -> int:
     if not args.query.strip():
         raise UsageError("the query is empty")
-    from agrame.index import Index
+    from agrame.index.sharded import open_index
 
     spec = _parse_filter(args.filter)
-    index = Index(args.index, model=args.model)
+    index = open_index(args.index, model=args.model)
     results = index.search(args.query, args.granularity, top_k=args.top_k, exact=args.exact,
                            nprobe=args.nprobe, ncandidates=args.ncandidates, alpha=args.alpha, filter=spec)
     _print_results(results, args.query, args.format)
@@ -458,9 +517,9 @@ def _cmd_explain(args) -> int:
     if not args.query.strip():
         raise UsageError("--query is empty")
     if args.index is not None:
-        from agrame.index import Index
+        from agrame.index.sharded import open_index
 
-        index = Index(args.index, model=args.model)
+        index = open_index(args.index, model=args.model)
         passage_id = args.passage_id
         if passage_id is None:
             hits = index.search(args.query, "passage", top_k=1)

@@ -174,15 +174,20 @@ def build_new_folder(path: Path, overwrite: bool, write: Callable[[Path], Option
             if not path.is_dir():
                 raise IndexFolderError(f"{path} exists and is not a folder")
             empty = not any(path.iterdir())
+            sharded = (path / "shards.json").is_file()
             if not empty:
                 try:
-                    read_manifest(path)
+                    if sharded:
+                        from .sharded import read_shards
+                        read_shards(path)
+                    else:
+                        read_manifest(path)
                 except IndexFolderError as exc:
                     raise IndexFolderError(f"{path} exists and is not an AGRaME index ({exc}); --overwrite replaces "
                                            "only an index: choose another path or remove it yourself") from None
                 if not overwrite:
                     raise IndexFolderError(f"{path} already exists (use --overwrite to replace it)")
-                if not exchange:
+                if not exchange and not sharded:  # a sharded index has no generations of its own: swap it whole
                     return False
         path.parent.mkdir(parents=True, exist_ok=True)
         for stale in stale_beside(path):

@@ -1,0 +1,573 @@
+"""A sharded index: S ordinary ``agrame-index/2`` folders sharing one codec, opened and searched as one.
+
+Layout::
+
+    DIR/shards.json      {"format": "agrame-sharded/1", "num_shards": S, "shards": ["shard-000", …], …}
+    DIR/shard-000/ …     each an index folder (its own manifest, generations, lock, metadata)
+    DIR/.lock            the writer lock of the whole index (taken before any shard's own)
+    DIR/journal.json     a change that spans shards, written before it is applied (redo log)
+
+A passage lives in shard ``shard_of(id, S)`` (a stable hash, the same on every machine and process),
+so an upsert or delete goes to one place. Every shard holds the same centroids and buckets — trained
+once on a sample of the whole corpus — so their exact scores are comparable and the top-k of S
+shards merges by score alone. Search encodes the query once and runs the shards in threads
+(:class:`ShardedIndex`) or in one Ray actor each (:mod:`agrame.index.distributed`).
+
+A change that touches several shards is first written to ``journal.json`` (fsync, rename), then
+applied shard by shard (each shard commits atomically), then the journal is removed. A writer that
+dies in between leaves the journal: the next writer re-applies it (upserts and deletes are
+idempotent) before anything else. Readers see each shard's own committed generation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from .. import __version__
+from ..corpus import Passage
+from ..encoder import Encoder
+from ..ranker import ScoredSpan
+from .base import BaseIndex
+from .codec import ResidualCodec
+from .format import IndexFolderError, manifest_checksum, model_block, read_manifest, write_manifest
+from .lock import WriterLock
+from .metadata import parse_filter
+from .store import CompressedBlock, compress_block, train_codec, write_blocks
+from .writer import DEFAULT_COMPACT_THRESHOLD, IndexWriter, UnknownIdsError, build_new_folder, check_passages
+
+FORMAT_SHARDED = "agrame-sharded/1"
+SHARDS_FILE = "shards.json"
+JOURNAL = "journal.json"
+_SHARD_NAME = re.compile(r"shard-\d{3,6}")
+MAX_SHARDS = 4096
+
+
+def shard_of(passage_id: str, num_shards: int) -> int:
+    """The shard that holds ``passage_id``: BLAKE2b-64 of its UTF-8 bytes, modulo S (Python's own
+    ``hash`` is salted per process, so it would route differently on every node)."""
+    digest = hashlib.blake2b(passage_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % num_shards
+
+
+def shard_name(s: int) -> str:
+    return f"shard-{s:03d}"
+
+
+def is_sharded(path: Union[str, Path]) -> bool:
+    return (Path(path) / SHARDS_FILE).is_file()
+
+
+def read_shards(path: Union[str, Path]) -> dict:
+    """The sharded index's own manifest, validated (a damaged one is named, never half-used)."""
+    path = Path(path)
+    where = path / SHARDS_FILE
+    try:
+        manifest = json.loads(where.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise IndexFolderError(f"{path} is not a sharded index (no {SHARDS_FILE})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise IndexFolderError(f"sharded index {path} is damaged: {SHARDS_FILE}: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_SHARDED:
+        raise IndexFolderError(f"sharded index {path} is damaged: {SHARDS_FILE} is not an {FORMAT_SHARDED} manifest")
+    if manifest.get("checksum") != manifest_checksum(manifest):
+        raise IndexFolderError(f"sharded index {path} is damaged: {SHARDS_FILE} checksum does not match")
+    shards, n = manifest.get("shards"), manifest.get("num_shards")
+    if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_SHARDS and isinstance(shards, list)
+            and len(shards) == n and all(isinstance(s, str) and _SHARD_NAME.fullmatch(s) for s in shards)
+            and len(set(shards)) == n):
+        raise IndexFolderError(f"sharded index {path} is damaged: {SHARDS_FILE} field 'shards'/'num_shards'")
+    return manifest
+
+
+def write_shards_manifest(folder: Path, manifest: dict) -> None:
+    manifest = {k: v for k, v in manifest.items() if k != "checksum"}
+    manifest["checksum"] = manifest_checksum(manifest)
+    _write_json(folder / SHARDS_FILE, manifest)
+
+
+def _write_json(path: Path, data) -> None:
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(data, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_folder(path.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def route(passages: Sequence[Passage], num_shards: int) -> List[List[Passage]]:
+    """Passages grouped by shard, each group in the given order."""
+    parts: List[List[Passage]] = [[] for _ in range(num_shards)]
+    for p in passages:
+        parts[shard_of(p.id, num_shards)].append(p)
+    return parts
+
+
+#: ``blocks(shard, passages) -> iterator of CompressedBlock`` in passage order.
+BlockSource = Callable[[int, Sequence[Passage]], Iterator[CompressedBlock]]
+
+
+def local_blocks(encoder: Encoder, codec: ResidualCodec, *, batch_size: int = 16, chunk_passages: int = 1024,
+                 store_offsets: bool = False, bar=None) -> BlockSource:
+    """Blocks encoded in this process (the same chunks and batches as an unsharded build)."""
+    def blocks(shard: int, passages: Sequence[Passage]) -> Iterator[CompressedBlock]:
+        for lo in range(0, len(passages), chunk_passages):
+            part = list(passages[lo:lo + chunk_passages])
+            encoded = encoder.encode_passages([p.text for p in part], batch_size=batch_size)
+            if bar is not None:
+                bar.update(len(part))
+            yield compress_block(codec, part, encoded, store_offsets=store_offsets)
+    return blocks
+
+
+def write_sharded(folder: Path, model: dict, codec: ResidualCodec, codec_info: dict, parts: Sequence[Sequence[Passage]],
+                  blocks: BlockSource, *, store_offsets: bool = False) -> None:
+    """Every shard (a committed index folder) and ``shards.json`` into ``folder``."""
+    names = []
+    for s, part in enumerate(parts):
+        sub = folder / shard_name(s)
+        sub.mkdir()
+        manifest = write_blocks(sub, model, codec, codec_info, part, blocks(s, part), store_offsets=store_offsets)
+        write_manifest(sub, manifest)
+        names.append(sub.name)
+    write_shards_manifest(folder, {
+        "format": FORMAT_SHARDED, "agrame_version": __version__, "num_shards": len(parts), "shards": names,
+        "routing": "blake2b-64(utf-8 id) mod num_shards",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model": model, "num_passages": sum(len(p) for p in parts)})
+
+
+def commit_new(path: Path, overwrite: bool, write: Callable[[Path], None], lock_timeout: float = 0.0) -> Path:
+    """Write a new sharded index beside ``path`` and put it in place with one rename (with ``overwrite``,
+    an atomic exchange with the index there, whose writer lock is held meanwhile)."""
+    lock = None
+    if overwrite and path.is_dir() and (is_sharded(path) or (path / "manifest.json").exists()):
+        lock = WriterLock(path, lock_timeout)
+        lock.acquire()
+    try:
+        build_new_folder(path, overwrite, lambda tmp: write(tmp), exchange=True)
+    finally:
+        if lock is not None:
+            lock.release()
+    return path
+
+
+def build_sharded(encoder: Encoder, passages: Sequence[Passage], path: Union[str, Path], num_shards: int, *,
+                  nbits: int = 2, batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
+                  progress: bool = True, codec: Optional[ResidualCodec] = None, seed: int = 0,
+                  store_offsets: bool = False, lock_timeout: float = 0.0) -> Path:
+    """Index ``passages`` into ``num_shards`` shards with one codec, atomically (one rename)."""
+    path = Path(path)
+    if not isinstance(num_shards, int) or not 1 <= num_shards <= MAX_SHARDS:
+        raise ValueError(f"the number of shards must be between 1 and {MAX_SHARDS}")
+    passages = check_passages(passages)
+    if not passages:
+        raise IndexFolderError("no passages to index")
+    if codec is None:
+        # The sample's encodings are not reused (an unsharded build reuses them): its chunks, and so its
+        # batches, are then the same as a Ray build's — the two give identical bytes for one codec.
+        codec, _, codec_info = train_codec(encoder, passages, nbits, batch_size=batch_size, seed=seed,
+                                           progress=progress)
+    else:
+        codec_info = {"num_centroids": codec.num_centroids, "given": True}
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(passages), desc="indexing", unit="psg", disable=None)
+    try:
+        blocks = local_blocks(encoder, codec, batch_size=batch_size, chunk_passages=chunk_passages,
+                              store_offsets=store_offsets, bar=bar)
+        parts = route(passages, num_shards)
+        return commit_new(path, overwrite, lambda tmp: write_sharded(tmp, model_block(encoder), codec, codec_info,
+                                                                     parts, blocks, store_offsets=store_offsets),
+                          lock_timeout)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+class ShardUnavailableError(RuntimeError):
+    """Shards did not answer (a Ray actor died and is restarting): no partial answer is given unless
+    the caller asked for one (``allow_partial``)."""
+
+    def __init__(self, missing: Sequence[int], reason: str = ""):
+        self.missing = list(missing)
+        super().__init__(f"shard{'s' if len(self.missing) > 1 else ''} {', '.join(map(str, self.missing))} did not "
+                         f"answer{': ' + reason if reason else ''}; retry, or ask for allow_partial")
+
+
+class SearchResults(list):
+    """Hits, best first; ``missing_shards`` names the shards left out of a partial answer."""
+
+    def __init__(self, hits: Iterable = (), missing_shards: Sequence[int] = ()):
+        super().__init__(hits)
+        self.missing_shards = list(missing_shards)
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.missing_shards)
+
+
+def merge_hits(per_shard: Sequence[Sequence[ScoredSpan]], top_k: Optional[int]) -> List[ScoredSpan]:
+    """Top-k of several shards' top-k by exact score (ties: lower shard first, then its own order)."""
+    merged = sorted((h for hits in per_shard for h in hits), key=lambda h: -h.score)
+    return merged if top_k is None else merged[:top_k]
+
+
+class ShardedIndex(BaseIndex):
+    """A sharded index folder opened as one (:class:`~agrame.index.Index`'s search API).
+
+    >>> index = ShardedIndex("my-sharded-index")
+    >>> index.search("coral bleaching", granularity="sentence", top_k=5)
+    """
+
+    def __init__(self, path: Union[str, Path], model: Union[Encoder, str, Path, None] = None,
+                 verify: Union[bool, str] = "auto", threads: Optional[int] = None):
+        from .search import Index
+
+        self.path = Path(path)
+        self.shards_manifest = read_shards(self.path)
+        self.num_shards = int(self.shards_manifest["num_shards"])
+        self.shards = [Index(self.path / name, model=model, verify=verify) for name in self.shards_manifest["shards"]]
+        first = self.shards[0].manifest
+        for shard in self.shards[1:]:
+            if shard.manifest["model"] != first["model"] or shard.manifest.get("dim") != first.get("dim"):
+                raise IndexFolderError(f"sharded index {self.path} is damaged: {shard.path.name} was built with "
+                                       "another model than shard-000")
+        self._threads = threads or min(self.num_shards, os.cpu_count() or 1)
+        self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="agrame-shard") if self.num_shards > 1 else None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+        for shard in self.shards:
+            if shard.store is not None:
+                shard.store.close()
+
+    @property
+    def manifest(self) -> dict:
+        """A summary in the single index's terms (what front ends show)."""
+        ms = [s.manifest for s in self.shards]
+        first = ms[0]
+        return {"format": FORMAT_SHARDED, "generation": sum(int(m.get("generation", 1)) for m in ms),
+                "model": first["model"], "dim": first.get("dim"), "nbits": first.get("nbits"),
+                "num_shards": self.num_shards, "has_spans": any(m.get("has_spans") for m in ms),
+                "num_passages": sum(int(m["num_passages"]) for m in ms),
+                "num_deleted": sum(int(m.get("num_deleted", 0)) for m in ms),
+                "num_tokens": sum(int(m.get("num_tokens", 0)) for m in ms)}
+
+    @property
+    def encoder(self) -> Encoder:
+        encoder = self.shards[0].encoder
+        for shard in self.shards[1:]:
+            shard._encoder = encoder  # one model in memory; every shard was checked to hold its fingerprint
+        return encoder
+
+    def reload(self) -> bool:
+        changed = [shard.reload() for shard in self.shards]
+        return any(changed)
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self.shards)
+
+    def shard(self, passage_id: str):
+        return self.shards[shard_of(passage_id, self.num_shards)]
+
+    def get(self, passage_id: str) -> Optional[dict]:
+        return self.shard(passage_id).get(passage_id)
+
+    def metadata(self, passage_id: str) -> dict:
+        return self.shard(passage_id).metadata(passage_id)
+
+    def ids(self) -> List[str]:
+        return [pid for s in self.shards for pid in s.ids()]
+
+    def _map(self, fn: Callable, items: Sequence) -> list:
+        if self._pool is None or len(items) == 1:
+            return [fn(x) for x in items]
+        return list(self._pool.map(fn, items))
+
+    def encode_query(self, query: str, granularity: str = "sentence"):
+        self.encoder  # noqa: B018 - shares the model with every shard first
+        return self.shards[0].encode_query(query, granularity)
+
+    def _checked(self, query: str, granularity: str, top_k: Optional[int], filter) -> None:
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError("query is empty")
+        if granularity == "span" and not self.manifest["has_spans"]:
+            raise ValueError(f"index {self.path} holds no spans: index passages with a JSONL 'spans' field "
+                             "to search at granularity 'span'")
+        self.shards[0]._check(granularity if granularity != "span" else "passage", top_k)
+        if filter is not None:
+            parse_filter(filter)  # a bad filter fails before the model runs
+
+    def search(self, query: str, granularity: str = "sentence", top_k: Optional[int] = 10, *,
+               filter: Optional[Mapping] = None, **options) -> SearchResults:
+        """:meth:`Index.search` over every shard (``exact``, ``nprobe``, ``ncandidates``, ``per_hit``,
+        ``alpha`` apply to each), top-k merged by exact score."""
+        self._checked(query, granularity, top_k, filter)
+        q, s = self.encode_query(query, granularity)
+        return self.search_vectors(q, s, granularity, top_k, filter=filter, **options)
+
+    def search_vectors(self, q, s, granularity: str = "sentence", top_k: Optional[int] = 10, *,
+                       filter=None, **options) -> SearchResults:
+        def one(shard):
+            if granularity == "span" and not shard.manifest.get("has_spans"):
+                return []
+            return shard.search_vectors(q, s, granularity, top_k, filter=filter, **options)
+        return SearchResults(merge_hits(self._map(one, self.shards), top_k))
+
+    def _by_shard(self, passage_ids: Sequence[str]) -> Dict[int, List[str]]:
+        groups: Dict[int, List[str]] = {}
+        for pid in passage_ids:
+            groups.setdefault(shard_of(pid, self.num_shards), []).append(pid)
+        return groups
+
+    def rank_ids(self, query: str, passage_ids: Sequence[str], granularity: str = "sentence",
+                 top_k: Optional[int] = 10, *, filter=None, alpha: Optional[float] = None) -> List[ScoredSpan]:
+        self._checked(query, granularity, top_k, filter)
+        self.encoder  # noqa: B018
+        groups = self._by_shard(passage_ids)
+        per = self._map(lambda item: self.shards[item[0]].rank_ids(query, item[1], granularity, top_k,
+                                                                   filter=filter, alpha=alpha), list(groups.items()))
+        return merge_hits(per, top_k)
+
+    def explain_all(self, query: str, passage_ids: Sequence[str], alpha: Optional[float] = None) -> list:
+        self.encoder  # noqa: B018
+        out = {}
+        for s, ids in self._by_shard(passage_ids).items():
+            out.update(zip(ids, self.shards[s].explain_all(query, ids, alpha=alpha)))
+        return [out[pid] for pid in passage_ids]
+
+    def explain(self, query: str, passage_id: str, alpha: Optional[float] = None):
+        return self.explain_all(query, [passage_id], alpha=alpha)[0]
+
+    # -- changes --------------------------------------------------------------------------------
+
+    def _write(self, method: str, *args, lock_timeout: float = 0.0,
+               compact_threshold=DEFAULT_COMPACT_THRESHOLD, **options) -> dict:
+        with ShardedWriter(self.path, lock_timeout=lock_timeout, compact_threshold=compact_threshold,
+                           model=self.encoder) as writer:
+            if method in ("add", "upsert"):
+                result = getattr(writer, method)(self.encoder, *args, **options)
+            else:
+                result = getattr(writer, method)(*args, **options)
+        self.reload()
+        return result
+
+    def add(self, passages, **options) -> dict:
+        return self._write("add", passages, **options)
+
+    def upsert(self, passages, **options) -> dict:
+        return self._write("upsert", passages, **options)
+
+    def delete(self, ids: Sequence[str], *, missing: str = "error", **options) -> dict:
+        return self._write("delete", ids, missing=missing, **options)
+
+    def delete_where(self, filter, **options) -> dict:
+        return self._write("delete_where", filter, **options)
+
+    def compact(self, *, lock_timeout: float = 0.0) -> dict:
+        return self._write("compact", lock_timeout=lock_timeout, compact_threshold=None)
+
+
+def _passage_record(p: Passage) -> dict:
+    out = {"id": p.id, "text": p.text}
+    if p.spans is not None:
+        out["spans"] = json.loads(json.dumps(list(p.spans)))
+    if p.metadata:
+        out["metadata"] = p.metadata
+    return out
+
+
+def _passage(record: dict) -> Passage:
+    spans = record.get("spans")
+    return Passage(record["id"], record["text"], spans=None if spans is None else tuple(spans),
+                   metadata=record.get("metadata"))
+
+
+class ShardedWriter:
+    """Exclusive write access to a sharded index: the root lock, then each changed shard's own
+    :class:`~agrame.index.IndexWriter`; a journal makes a change that spans shards all-or-redone."""
+
+    def __init__(self, path: Union[str, Path], *, lock_timeout: float = 0.0,
+                 compact_threshold: Optional[float] = DEFAULT_COMPACT_THRESHOLD,
+                 say: Optional[Callable[[str], None]] = None, model=None):
+        self.path = Path(path)
+        self.model = model  # what re-applying an unfinished upsert encodes with (default: the index's own)
+        self.lock = WriterLock(self.path, lock_timeout)
+        self.lock_timeout = lock_timeout
+        self.compact_threshold = compact_threshold
+        self.say = say or (lambda message: None)
+        self.manifest: dict = {}
+        self.replayed = False
+
+    def __enter__(self) -> "ShardedWriter":
+        self.manifest = read_shards(self.path)
+        self.lock.acquire()
+        try:
+            self._replay()
+        except BaseException:
+            self.lock.release()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.lock.release()
+
+    @property
+    def num_shards(self) -> int:
+        return int(self.manifest["num_shards"])
+
+    def _shard_path(self, s: int) -> Path:
+        return self.path / self.manifest["shards"][s]
+
+    def _shard_writer(self, s: int) -> IndexWriter:
+        return IndexWriter(self._shard_path(s), lock_timeout=self.lock_timeout,
+                           compact_threshold=self.compact_threshold, say=self.say)
+
+    def _replay(self) -> None:
+        journal = self.path / JOURNAL
+        if not journal.exists():
+            return
+        try:
+            entry = json.loads(journal.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            # Not committed: the journal is renamed into place whole, so a torn one was never begun.
+            journal.unlink()
+            return
+        self.say(f"re-applying a change to {self.path} that a writer left unfinished ({entry['op']})")
+        self._apply(entry, encoder=None)
+        self._done()
+        self.replayed = True
+
+    def _journal(self, entry: dict) -> None:
+        _write_json(self.path / JOURNAL, entry)
+
+    def _done(self) -> dict:
+        (self.path / JOURNAL).unlink(missing_ok=True)
+        _fsync_folder(self.path)
+        return self.summary()
+
+    def summary(self) -> dict:
+        ms = [read_manifest(self._shard_path(s)) for s in range(self.num_shards)]
+        return {"format": FORMAT_SHARDED, "num_shards": self.num_shards,
+                "generation": sum(int(m.get("generation", 1)) for m in ms),
+                "num_passages": sum(int(m["num_passages"]) for m in ms),
+                "num_deleted": sum(int(m.get("num_deleted", 0)) for m in ms),
+                "shards": [{"name": self.manifest["shards"][s], "generation": m.get("generation", 1)}
+                           for s, m in enumerate(ms)]}
+
+    def _apply(self, entry: dict, encoder: Optional[Encoder], **options) -> None:
+        op = entry["op"]
+        if op in ("upsert", "delete"):
+            groups: Dict[int, list] = {}
+            items = entry["passages"] if op == "upsert" else entry["ids"]
+            for item in items:
+                groups.setdefault(shard_of(item["id"] if op == "upsert" else item, self.num_shards), []).append(item)
+            for s in sorted(groups):
+                with self._shard_writer(s) as w:
+                    if op == "upsert":
+                        if encoder is None:
+                            from .format import load_index_model
+                            encoder = load_index_model(read_manifest(w.path), w.path, self.model)
+                        w.upsert(encoder, [_passage(r) for r in groups[s]], **options)
+                    else:
+                        w.delete(groups[s], missing="ok")
+        elif op == "delete_where":
+            for s in range(self.num_shards):
+                with self._shard_writer(s) as w:
+                    w.delete_where(entry["filter"])
+        else:
+            raise IndexFolderError(f"sharded index {self.path}: unknown journal operation {op!r}")
+
+    def _positions(self, ids: Sequence[str]) -> set:
+        from .store import Store
+
+        found = set()
+        for s, group in self._group_ids(ids).items():
+            store = Store(self._shard_path(s), read_manifest(self._shard_path(s)), verify=False)
+            try:
+                found.update(store.position_of(group))
+            finally:
+                store.close()
+        return found
+
+    def _group_ids(self, ids: Iterable[str]) -> Dict[int, List[str]]:
+        groups: Dict[int, List[str]] = {}
+        for pid in ids:
+            groups.setdefault(shard_of(pid, self.num_shards), []).append(pid)
+        return groups
+
+    def add(self, encoder: Encoder, passages, **options) -> dict:
+        passages = check_passages(passages)
+        present = self._positions([p.id for p in passages])
+        if present:
+            raise IndexFolderError(f"passage ids already in {self.path}: {sorted(present)[:5]} "
+                                   "(use upsert to replace them)")
+        return self.upsert(encoder, passages, **options)
+
+    def upsert(self, encoder: Encoder, passages, **options) -> dict:
+        passages = check_passages(passages)
+        seen = set()
+        for p in passages:
+            if p.id in seen:
+                raise IndexFolderError(f"passage id {p.id!r} given twice")
+            seen.add(p.id)
+        entry = {"op": "upsert", "passages": [_passage_record(p) for p in passages]}
+        self._journal(entry)
+        self._apply(entry, encoder, **{k: v for k, v in options.items() if k in ("batch_size", "progress")})
+        return self._done()
+
+    def delete(self, ids: Sequence[str], missing: str = "error") -> dict:
+        ids = list(dict.fromkeys(ids))
+        if missing != "ok":
+            unknown = [pid for pid in ids if pid not in self._positions(ids)]
+            if unknown:
+                raise UnknownIdsError(self.path, unknown)
+        entry = {"op": "delete", "ids": ids}
+        self._journal(entry)
+        self._apply(entry, None)
+        return self._done()
+
+    def delete_where(self, spec) -> dict:
+        parse_filter(spec)
+        entry = {"op": "delete_where", "filter": spec}
+        self._journal(entry)
+        self._apply(entry, None)
+        return self._done()
+
+    def compact(self) -> dict:
+        for s in range(self.num_shards):
+            with self._shard_writer(s) as w:
+                w.compact()
+        return self.summary()
+
+
+def open_index(path: Union[str, Path], model: Union[Encoder, str, Path, None] = None,
+               verify: Union[bool, str] = "auto", **options) -> BaseIndex:
+    """An index folder opened for search whatever its kind: sharded or single."""
+    if is_sharded(path):
+        return ShardedIndex(path, model=model, verify=verify, **options)
+    from .search import Index
+    return Index(path, model=model, verify=verify)
