@@ -233,6 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="file holding the API key that writes (and, with --protect-reads, reads) must send "
                             "as 'Authorization: Bearer KEY' or 'X-API-Key: KEY' (default: $AGRAME_API_KEY)")
     serve.add_argument("--protect-reads", action="store_true", help="require the API key for every endpoint but / and /health")
+    serve.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                       help="serve a sharded index through one Ray actor per shard, spread over the cluster "
+                            "('auto', ray://HOST:10001, or none for Ray on this machine); a shard whose actor "
+                            "is down answers 503 unless the request sets allow_partial")
 
     explain = sub.add_parser(
         "explain", help="show why a passage ranked: matched tokens, best sentence, every score",
@@ -502,8 +506,15 @@ def _cmd_serve(args) -> int:
         raise UsageError("--allow-writes and --protect-reads need an API key (--api-key-file FILE or AGRAME_API_KEY)")
     if args.allow_writes and args.index is None:
         raise UsageError("--allow-writes needs --index DIR")
+    if args.ray:
+        from agrame.index import distributed
+        from agrame.index.sharded import is_sharded
+
+        distributed.check_ray()
+        if args.index is None or not is_sharded(args.index):
+            raise UsageError("--ray serves a sharded index (build one with agrame index --shards S)")
     app = create_app(args.index, model=args.model, allow_writes=args.allow_writes, api_key=api_key,
-                     protect_reads=args.protect_reads)
+                     protect_reads=args.protect_reads, ray_address=args.ray)
     print(f"serving on http://{args.host}:{args.port}/", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

@@ -107,3 +107,82 @@ def test_an_interrupted_build_resumes_from_finished_blocks(ray_cluster, tmp_path
     assert build_with_ray.last_stats["resumed_blocks"] == 2 and build_with_ray.last_stats["encoded_blocks"] == 2
     build_compressed(tiny_encoder, passages, tmp_path / "local", codec=codec, chunk_passages=6, progress=False)
     _same_store(tmp_path / "local", tmp_path / "ray")
+
+
+@pytest.fixture(scope="module")
+def ray_sharded(ray_cluster, tmp_path_factory, tiny_encoder, tiny_model_dir, codec):
+    from agrame.index.distributed import RayShardedIndex
+
+    path = tmp_path_factory.mktemp("ray-sharded") / "sh"
+    build_sharded(tiny_encoder, _corpus(), path, 3, codec=codec, progress=False)
+    index = RayShardedIndex(path, model=str(tiny_model_dir), timeout=60)
+    yield index, ShardedIndex(path, model=tiny_encoder)
+    index.close()
+
+
+def _key(hits):
+    return [(h.passage_id, h.start, h.end, round(h.score, 4)) for h in hits]
+
+
+def test_shard_actors_answer_like_local_shards(ray_sharded):
+    remote, local = ray_sharded
+    for g in ("passage", "sentence"):
+        for kw in ({"exact": True}, {}):
+            a = remote.search("coral bleaching", g, top_k=6, **kw)
+            assert _key(a) == _key(local.search("coral bleaching", g, top_k=6, **kw)) and not a.partial
+    assert remote.search("reef", "passage", top_k=20, filter={"nothing": 1}) == []
+    assert remote.get("r3") == local.get("r3") and len(remote) == len(local) == 20
+    assert sorted(remote.ids()) == sorted(local.ids())
+    ranked = remote.rank_ids("coral", ["r1", "r2", "r5"], "passage", top_k=None)
+    assert _key(ranked) == _key(local.rank_ids("coral", ["r1", "r2", "r5"], "passage", top_k=None))
+
+
+def test_a_dead_shard_actor_is_a_clear_error_or_a_declared_partial_answer(ray_sharded):
+    from agrame.index.sharded import ShardUnavailableError
+
+    remote, local = ray_sharded
+    full = _key(remote.search("tower in Paris", "passage", top_k=20))
+    remote.ray.get(remote.actors[1].crash_on_next_call.remote())
+    with pytest.raises(ShardUnavailableError, match="shard 1 did not answer"):
+        remote.search("tower in Paris", "passage", top_k=20)
+    # Ray restarts the actor (meanwhile its shard answers 503 too); once up, requests are whole again.
+    remote.wait_ready()
+    assert _key(remote.search("tower in Paris", "passage", top_k=20)) == full
+    remote.ray.get(remote.actors[1].crash_on_next_call.remote())
+    partial = remote.search("tower in Paris", "passage", top_k=20, allow_partial=True)
+    assert partial.missing_shards == [1]
+    shard1 = set(local.shards[1].ids())
+    assert not {h.passage_id for h in partial} & shard1
+    assert _key(partial) == [k for k in full if k[0] not in shard1]
+    remote.wait_ready()
+
+
+def test_writes_through_the_folder_reach_the_actors(ray_sharded):
+    remote, _ = ray_sharded
+    remote.upsert([Passage("late-1", "Glaciers retreat as the climate warms.")])
+    assert remote.get("late-1")["text"].startswith("Glaciers")
+    remote.delete(["late-1"])
+    assert remote.get("late-1") is None and len(remote) == 20
+
+
+def test_serve_answers_503_for_a_dead_shard_and_partial_on_request(ray_sharded, tiny_model_dir):
+    from fastapi.testclient import TestClient
+
+    from agrame_app.serve import create_app
+
+    remote, _ = ray_sharded
+    client = TestClient(create_app(remote, model=str(tiny_model_dir)))
+    ok = client.post("/search", json={"query": "coral", "granularity": "passage", "top_k": 5})
+    assert ok.status_code == 200 and len(ok.json()["results"]) == 5 and "missing_shards" not in ok.json()
+    remote.ray.get(remote.actors[0].crash_on_next_call.remote())
+    down = client.post("/search", json={"query": "coral", "granularity": "passage", "top_k": 5})
+    assert down.status_code == 503 and "shard 0" in down.json()["error"] and down.headers["Retry-After"]
+    assert down.json()["missing_shards"] == [0]
+    remote.wait_ready()
+    remote.ray.get(remote.actors[0].crash_on_next_call.remote())
+    part = client.post("/search", json={"query": "coral", "granularity": "passage", "top_k": 5,
+                                        "allow_partial": True})
+    assert part.status_code == 200 and part.json()["missing_shards"] == [0] and part.json()["partial"] is True
+    remote.wait_ready()
+    health = client.get("/health").json()["index"]
+    assert health["format"] == "agrame-sharded/1" and health["passages"] == 20

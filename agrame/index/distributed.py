@@ -24,16 +24,18 @@ import os
 import pickle
 import shutil
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from ..corpus import Passage
 from .codec import ResidualCodec
 from .format import IndexFolderError, model_block
-from .sharded import commit_new, route, write_sharded
+from .base import BaseIndex
+from .sharded import (SearchResults, ShardedWriter, ShardUnavailableError, commit_new, merge_hits, route, shard_of,
+                      write_sharded)
 from .store import CompressedBlock, compress_block, train_codec, write_blocks
-from .writer import check_passages
+from .writer import DEFAULT_COMPACT_THRESHOLD, check_passages
 
 #: Passages per block: the unit of work of an actor, of a retry and of a resume (an unsharded
 #: local build's chunk is 1,024 passages: equal sizes give equal bytes).
@@ -290,3 +292,237 @@ def _encode_on_ray(ray, model, codec: ResidualCodec, todo: List[tuple], work: Wo
     finally:
         if bar is not None:
             bar.close()
+
+
+# -- search: one actor per shard -----------------------------------------------------------------
+
+
+class ShardActor:
+    """One shard opened in a Ray actor (restarted by Ray when its process dies). Every call first
+    opens the newest committed generation, so writes made through the shared folder are seen."""
+
+    def __init__(self, path: str, model, threads: int = 1):
+        import torch
+
+        from .search import Index
+
+        torch.set_num_threads(max(1, threads))
+        self.index = Index(path, model=model)
+        self._crash_next = False
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def crash_on_next_call(self) -> None:
+        """Fault drill: the process dies during its next search (tests, benchmarks)."""
+        self._crash_next = True
+
+    def _fresh(self):
+        if self._crash_next:
+            os._exit(1)
+        self.index.reload()
+        return self.index
+
+    def summary(self) -> dict:
+        index = self._fresh()
+        return {"manifest": index.manifest, "live": len(index)}
+
+    def search_vectors(self, q: np.ndarray, s: Optional[np.ndarray], granularity: str, top_k, filter, options: dict):
+        import torch
+
+        index = self._fresh()
+        return index.search_vectors(torch.from_numpy(q), None if s is None else torch.from_numpy(s), granularity,
+                                    top_k, filter=filter, **options)
+
+    def call(self, method: str, *args, **kwargs):
+        return getattr(self._fresh(), method)(*args, **kwargs)
+
+
+class RayShardedIndex(BaseIndex):
+    """A sharded index searched by one Ray actor per shard, spread over the cluster; the query is
+    encoded once here and its vectors sent to every actor, whose top-k merge by exact score.
+
+    The index folder must be readable at the same path on every node (a shared filesystem), or
+    each node must hold the shards its actors open. A shard whose actor dies is restarted by Ray;
+    the request it was answering fails with :class:`ShardUnavailableError` (HTTP 503) — never a
+    silently partial answer — unless ``allow_partial``: then the hits of the shards that answered,
+    with ``missing_shards`` naming the others. Writes go through :class:`ShardedWriter` on this
+    process (the folder must be writable here) and each actor opens the new generation on its next call.
+    """
+
+    def __init__(self, path: Union[str, Path], model=None, *, address: Optional[str] = None,
+                 timeout: float = 60.0, threads_per_shard: int = 1):
+        from .format import load_index_model, read_manifest
+        from .sharded import read_shards
+
+        ray = connect(address)
+        self.ray = ray
+        self.path = Path(path).resolve()
+        self.shards_manifest = read_shards(self.path)
+        self.num_shards = int(self.shards_manifest["num_shards"])
+        first = self.path / self.shards_manifest["shards"][0]
+        self._model_arg = model
+        self.encoder = load_index_model(read_manifest(first), first, model)
+        actor_model = None if model is None or not isinstance(model, (str, Path)) else str(model)
+        if model is not None and actor_model is None:
+            actor_model = self.encoder  # an Encoder object given here: the actors receive it pickled
+        remote = ray.remote(max_restarts=-1, max_task_retries=0)(ShardActor)
+        self.timeout = timeout
+        # Each actor reserves its threads where the cluster has them, else an equal share (8 shards on a
+        # 2-CPU machine still all start; they mostly wait on the network and on each other).
+        cpus = min(float(threads_per_shard), float(ray.cluster_resources().get("CPU", 1)) / self.num_shards)
+        self.actors = [remote.options(num_cpus=cpus, scheduling_strategy="SPREAD")
+                       .remote(str(self.path / name), actor_model, threads_per_shard)
+                       for name in self.shards_manifest["shards"]]
+        ray.get([a.ready.remote() for a in self.actors], timeout=timeout)
+
+    def wait_ready(self, timeout: Optional[float] = None) -> None:
+        """Block until every shard actor answers (e.g. after Ray restarted one)."""
+        import time as _time
+
+        from ray.exceptions import RayActorError
+
+        deadline = _time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            try:
+                self.ray.get([a.ready.remote() for a in self.actors], timeout=max(0.1, deadline - _time.monotonic()))
+                return
+            except RayActorError:
+                if _time.monotonic() > deadline:
+                    raise
+                _time.sleep(0.2)
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor, no_restart=True)
+        self.actors = []
+
+    def _gather(self, refs: Dict[int, object], allow_partial: bool) -> tuple:
+        """(results by shard, missing shards): a shard that died or timed out is missing."""
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        results, missing, reason = {}, [], ""
+        for s, ref in refs.items():
+            try:
+                results[s] = self.ray.get(ref, timeout=self.timeout)
+            except (RayActorError, GetTimeoutError) as exc:
+                missing.append(s)
+                reason = type(exc).__name__
+        if missing and not allow_partial:
+            raise ShardUnavailableError(missing, reason)
+        return results, missing
+
+    def _all(self, method: str, *args, allow_partial: bool = False, **kwargs) -> tuple:
+        return self._gather({s: a.call.remote(method, *args, **kwargs) for s, a in enumerate(self.actors)},
+                            allow_partial)
+
+    def _summaries(self) -> list:
+        # Counts of the shards that answer: a search already failed (or was declared partial) for the others.
+        results, _ = self._gather({s: a.summary.remote() for s, a in enumerate(self.actors)}, True)
+        if not results:
+            raise ShardUnavailableError(list(range(self.num_shards)))
+        return [results[s] for s in sorted(results)]
+
+    @property
+    def manifest(self) -> dict:
+        ms = [r["manifest"] for r in self._summaries()]
+        return {"format": self.shards_manifest["format"], "model": ms[0]["model"], "num_shards": self.num_shards,
+                "generation": sum(int(m.get("generation", 1)) for m in ms),
+                "has_spans": any(m.get("has_spans") for m in ms),
+                "num_passages": sum(int(m["num_passages"]) for m in ms),
+                "num_deleted": sum(int(m.get("num_deleted", 0)) for m in ms), "nbits": ms[0].get("nbits"),
+                "num_tokens": sum(int(m.get("num_tokens", 0)) for m in ms),
+                "num_sentences": sum(int(m.get("num_sentences", 0)) for m in ms)}
+
+    def __len__(self) -> int:
+        return sum(r["live"] for r in self._summaries())
+
+    def _actor(self, passage_id: str):
+        return shard_of(passage_id, self.num_shards)
+
+    def get(self, passage_id: str) -> Optional[dict]:
+        s = self._actor(passage_id)
+        return self._gather({s: self.actors[s].call.remote("get", passage_id)}, False)[0][s]
+
+    def metadata(self, passage_id: str) -> dict:
+        s = self._actor(passage_id)
+        return self._gather({s: self.actors[s].call.remote("metadata", passage_id)}, False)[0][s]
+
+    def ids(self) -> List[str]:
+        results, _ = self._all("ids")
+        return [pid for s in range(self.num_shards) for pid in results[s]]
+
+    def encode_query(self, query: str, granularity: str = "sentence"):
+        from ..ranker import Ranker
+        return Ranker(self.encoder).encode_query(query, granularity)
+
+    def search(self, query: str, granularity: str = "sentence", top_k: Optional[int] = 10, *,
+               filter: Optional[Mapping] = None, allow_partial: bool = False, **options) -> SearchResults:
+        from .metadata import parse_filter
+        from ..ranker import GRANULARITIES
+
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError("query is empty")
+        if granularity not in GRANULARITIES:
+            raise ValueError(f"unknown granularity {granularity!r}; choose one of {', '.join(GRANULARITIES)}")
+        if top_k is not None and top_k < 1:
+            raise ValueError("top_k must be at least 1")
+        if filter is not None:
+            parse_filter(filter)
+        q, s = self.encode_query(query, granularity)
+        qn = q.numpy()
+        sn = None if s is None else s.numpy()
+        refs = {i: a.search_vectors.remote(qn, sn, granularity, top_k, filter, options)
+                for i, a in enumerate(self.actors)}
+        results, missing = self._gather(refs, allow_partial)
+        return SearchResults(merge_hits([results[i] for i in sorted(results)], top_k), missing)
+
+    def rank_ids(self, query: str, passage_ids: Sequence[str], granularity: str = "sentence",
+                 top_k: Optional[int] = 10, *, filter=None, alpha: Optional[float] = None):
+        groups: Dict[int, List[str]] = {}
+        for pid in passage_ids:
+            groups.setdefault(self._actor(pid), []).append(pid)
+        refs = {s: self.actors[s].call.remote("rank_ids", query, ids, granularity, top_k, filter=filter, alpha=alpha)
+                for s, ids in groups.items()}
+        results, _ = self._gather(refs, False)
+        return merge_hits(list(results.values()), top_k)
+
+    def explain_all(self, query: str, passage_ids: Sequence[str], alpha: Optional[float] = None) -> list:
+        groups: Dict[int, List[str]] = {}
+        for pid in passage_ids:
+            groups.setdefault(self._actor(pid), []).append(pid)
+        refs = {s: self.actors[s].call.remote("explain_all", query, ids, alpha=alpha) for s, ids in groups.items()}
+        results, _ = self._gather(refs, False)
+        out = {}
+        for s, ids in groups.items():
+            out.update(zip(ids, results[s]))
+        return [out[pid] for pid in passage_ids]
+
+    def explain(self, query: str, passage_id: str, alpha: Optional[float] = None):
+        return self.explain_all(query, [passage_id], alpha=alpha)[0]
+
+    def reload(self) -> bool:
+        return False  # every actor opens the newest generation on each call
+
+    def _write(self, method: str, *args, lock_timeout: float = 0.0, compact_threshold=DEFAULT_COMPACT_THRESHOLD,
+               **options) -> dict:
+        with ShardedWriter(self.path, lock_timeout=lock_timeout, compact_threshold=compact_threshold,
+                           model=self.encoder) as writer:
+            if method in ("add", "upsert"):
+                return getattr(writer, method)(self.encoder, *args, **options)
+            return getattr(writer, method)(*args, **options)
+
+    def add(self, passages, **options) -> dict:
+        return self._write("add", passages, **options)
+
+    def upsert(self, passages, **options) -> dict:
+        return self._write("upsert", passages, **options)
+
+    def delete(self, ids: Sequence[str], *, missing: str = "error", **options) -> dict:
+        return self._write("delete", ids, missing=missing, **options)
+
+    def delete_where(self, filter, **options) -> dict:
+        return self._write("delete_where", filter, **options)
+
+    def compact(self, *, lock_timeout: float = 0.0) -> dict:
+        return self._write("compact", lock_timeout=lock_timeout, compact_threshold=None)

@@ -274,7 +274,8 @@ class ShardedIndex(BaseIndex):
                 "num_shards": self.num_shards, "has_spans": any(m.get("has_spans") for m in ms),
                 "num_passages": sum(int(m["num_passages"]) for m in ms),
                 "num_deleted": sum(int(m.get("num_deleted", 0)) for m in ms),
-                "num_tokens": sum(int(m.get("num_tokens", 0)) for m in ms)}
+                "num_tokens": sum(int(m.get("num_tokens", 0)) for m in ms),
+                "num_sentences": sum(int(m.get("num_sentences", 0)) for m in ms)}
 
     @property
     def encoder(self) -> Encoder:
@@ -322,9 +323,10 @@ class ShardedIndex(BaseIndex):
             parse_filter(filter)  # a bad filter fails before the model runs
 
     def search(self, query: str, granularity: str = "sentence", top_k: Optional[int] = 10, *,
-               filter: Optional[Mapping] = None, **options) -> SearchResults:
+               filter: Optional[Mapping] = None, allow_partial: bool = False, **options) -> SearchResults:
         """:meth:`Index.search` over every shard (``exact``, ``nprobe``, ``ncandidates``, ``per_hit``,
-        ``alpha`` apply to each), top-k merged by exact score."""
+        ``alpha`` apply to each), top-k merged by exact score. (``allow_partial`` is for the Ray
+        backend's interface: shards in this process always answer.)"""
         self._checked(query, granularity, top_k, filter)
         q, s = self.encode_query(query, granularity)
         return self.search_vectors(q, s, granularity, top_k, filter=filter, **options)

@@ -67,6 +67,9 @@ class SearchRequest(BaseModel):
     nprobe: Optional[int] = Field(None, ge=1, le=1024)
     ncandidates: Optional[int] = Field(None, ge=1, le=8192)
     filter: Optional[Dict[str, Any]] = None
+    #: Sharded on Ray: answer with the shards that replied (the response names the missing ones)
+    #: instead of 503 when a shard's actor is down.
+    allow_partial: bool = False
 
 
 class RankRequest(BaseModel):
@@ -120,15 +123,22 @@ class IndexHolder:
         self.reload_error: Optional[str] = None
 
     def _key(self):
-        manifest = os.stat(self.path / "manifest.json")
+        from agrame.index.sharded import is_sharded, read_shards
+
         folder = os.stat(self.path)
-        return (folder.st_ino, manifest.st_ino, manifest.st_mtime_ns, manifest.st_size)
+        if is_sharded(self.path):  # every shard's manifest: a write commits in one of them
+            names = ["shards.json"] + [f"{n}/manifest.json" for n in read_shards(self.path)["shards"]]
+        else:
+            names = ["manifest.json"]
+        stats = [os.stat(self.path / name) for name in names]
+        return (folder.st_ino, *((m.st_ino, m.st_mtime_ns, m.st_size) for m in stats))
 
     def _open(self, verify="auto") -> _Generation:
-        from agrame.index import Index
+        from agrame.index.sharded import open_index
 
         key = self._key()
-        return _Generation(Index(self.path, model=self.encoder, verify=verify), key)
+        return _Generation(open_index(self.path, model=self.encoder, verify=verify), key)
+
 
     def current(self, wait: bool = False):
         """The newest committed generation (checked with two ``stat`` calls per request).
@@ -154,6 +164,18 @@ class IndexHolder:
             finally:
                 self._lock.release()
         return self._current.index
+
+
+class FixedHolder:
+    """An index object that follows its own generations (the Ray backend's actors reopen per call)."""
+
+    reload_error: Optional[str] = None
+
+    def __init__(self, index):
+        self.index, self.path, self.encoder = index, Path(index.path), index.encoder
+
+    def current(self, wait: bool = False):
+        return self.index
 
 
 def _passages(items, limits: Limits):
@@ -243,8 +265,11 @@ def _explained(hits, explain_all) -> dict:
 
 
 def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None, limits: Limits = Limits(), *,
-               allow_writes: bool = False, api_key: Optional[str] = None, protect_reads: bool = False):
-    """The FastAPI application over ``index`` (optional: ``/rank`` and ``/cite`` work without one).
+               allow_writes: bool = False, api_key: Optional[str] = None, protect_reads: bool = False,
+               ray_address: Optional[str] = None):
+    """The FastAPI application over ``index`` (optional: ``/rank`` and ``/cite`` work without one): a
+    folder (single or sharded), or an opened index object; ``ray_address`` serves a sharded folder
+    through one Ray actor per shard (:class:`agrame.index.distributed.RayShardedIndex`).
 
     ``allow_writes`` needs ``api_key``; ``protect_reads`` requires the key on reads too."""
     import hmac
@@ -257,11 +282,19 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
     from agrame.encoder import load_encoder
     from agrame.ranker import Ranker
 
-    holder: Optional[IndexHolder] = None
-    if index is not None:
-        from agrame.index import Index
+    holder = None
+    if index is not None and not isinstance(index, (str, Path)):
+        holder = FixedHolder(index)  # an opened index (e.g. RayShardedIndex)
+        encoder = index.encoder
+    elif index is not None and ray_address is not None:
+        from agrame.index.distributed import RayShardedIndex
 
-        opened = Index(index, model=model)
+        holder = FixedHolder(RayShardedIndex(index, model=model, address=ray_address))
+        encoder = holder.encoder
+    elif index is not None:
+        from agrame.index.sharded import open_index
+
+        opened = open_index(index, model=model)
         holder = IndexHolder(Path(index), opened.encoder)
         encoder = opened.encoder
     else:
@@ -349,6 +382,14 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
     async def _busy(_: Request, exc: _RetryLater):
         return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": "1"})
 
+    from agrame.index.sharded import ShardUnavailableError
+
+    @app.exception_handler(ShardUnavailableError)
+    async def _shard_down(_: Request, exc: ShardUnavailableError):
+        # Ray is restarting the shard's actor: the client may retry, or ask for allow_partial.
+        return JSONResponse({"error": str(exc), "missing_shards": exc.missing}, status_code=503,
+                            headers={"Retry-After": "1"})
+
     @app.exception_handler(ValueError)
     async def _value(_: Request, exc: ValueError):
         from agrame.index import UnknownIdsError
@@ -385,12 +426,16 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
         check_query(req.query, req.top_k)
         idx = holder.current()  # one generation for the whole request
         started = time.perf_counter()
+        partial = {"allow_partial": True} if req.allow_partial and hasattr(idx, "num_shards") else {}
         hits = idx.search(req.query, req.granularity, top_k=req.top_k, nprobe=req.nprobe,
-                          ncandidates=req.ncandidates, filter=req.filter)
+                          ncandidates=req.ncandidates, filter=req.filter, **partial)
         explained = _explained(hits, lambda ids: idx.explain_all(req.query, ids)) if req.explain else {}
         results = [_hit(h, explained.get(h.passage_id)) for h in hits]
-        return {"query": req.query, "granularity": req.granularity, "generation": idx.manifest.get("generation", 1),
-                "passages": len(idx), "ms": round(1000 * (time.perf_counter() - started), 1), "results": results}
+        out = {"query": req.query, "granularity": req.granularity, "generation": idx.manifest.get("generation", 1),
+               "passages": len(idx), "ms": round(1000 * (time.perf_counter() - started), 1), "results": results}
+        if getattr(hits, "missing_shards", None):
+            out.update(partial=True, missing_shards=hits.missing_shards)
+        return out
 
     @app.post("/rank", dependencies=[Depends(reader)])
     def rank(req: RankRequest):
@@ -431,10 +476,12 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
 
     def _write(change):
         from agrame.index import IndexLockedError, IndexWriter
+        from agrame.index.sharded import ShardedWriter, is_sharded
 
         with write_lock:
             try:
-                with IndexWriter(holder.path, lock_timeout=limits.write_lock_timeout) as w:
+                kind = ShardedWriter if is_sharded(holder.path) else IndexWriter
+                with kind(holder.path, lock_timeout=limits.write_lock_timeout) as w:
                     manifest = change(w)
             except IndexLockedError as exc:
                 raise _RetryLater(str(exc)) from None
