@@ -1,4 +1,4 @@
-"""Reading passage files (JSONL, TSV, plain text) with errors that name file, line and field."""
+"""Reading passage files (JSONL, TSV, plain text, Parquet) with errors that name file, line (row) and field."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import IO, Iterator, List, Optional, Tuple
 from .corpus import Passage
 from .spans import normalize_span
 
-FORMATS = ("auto", "jsonl", "tsv", "text")
+FORMATS = ("auto", "jsonl", "tsv", "text", "parquet")
 
 
 class InputError(ValueError):
@@ -65,6 +65,8 @@ def detect_format(path: str, first_line: Optional[str]) -> str:
         return "jsonl"
     if suffix == ".tsv":
         return "tsv"
+    if suffix == ".parquet":
+        return "parquet"
     if first_line is not None and first_line.lstrip().startswith("{"):
         return "jsonl"
     return "text"
@@ -80,6 +82,8 @@ def read_passages(path: str, fmt: str = "auto") -> List[Passage]:
     if fmt not in FORMATS:
         raise InputError(f"unknown input format {fmt!r}; choose one of {', '.join(FORMATS)}")
     name = "<stdin>" if path == "-" else path
+    if fmt == "parquet" or (fmt == "auto" and detect_format(path, None) == "parquet"):
+        return _read_parquet(path, name)
     lines = [(n, line) for n, line in read_lines(path) if line.strip()]
     if fmt == "auto":
         fmt = detect_format(path, lines[0][1] if lines else None)
@@ -108,11 +112,51 @@ def read_passages(path: str, fmt: str = "auto") -> List[Passage]:
     return passages
 
 
+def _read_parquet(path: str, name: str) -> List[Passage]:
+    """Rows of a Parquet file as passages: columns ``text`` (required), ``id``, ``spans``, ``metadata``
+    (a struct, or a JSON object as a string); errors name the row (1-based) like a line."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise InputError("reading Parquet needs pyarrow (pip install 'agrame[ray]' or pip install pyarrow)",
+                         name) from None
+    if path == "-":
+        raise InputError("Parquet cannot be read from standard input; give a file", name)
+    _open_binary(path).close()  # no such file / a folder: named like the other formats
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a file that is not Parquet
+        raise InputError(f"not a readable Parquet file ({exc})", name) from None
+    if "text" not in table.column_names:
+        raise InputError(f"no 'text' column (columns: {', '.join(table.column_names)})", name, field="text")
+    passages, seen = [], {}
+    for number, record in enumerate(table.to_pylist(), start=1):
+        if isinstance(record.get("metadata"), str):
+            try:
+                record["metadata"] = json.loads(record["metadata"])
+            except json.JSONDecodeError as exc:
+                raise InputError(f"malformed JSON: {exc.msg}", name, number, "metadata") from None
+        for key in [k for k, v in record.items() if v is None]:
+            del record[key]
+        passage = _parse_record(record, name, number, len(passages))
+        if passage.id in seen:
+            raise InputError(f"duplicate id {passage.id!r} (first on row {seen[passage.id]})", name, number, "id")
+        seen[passage.id] = number
+        passages.append(passage)
+    if not passages:
+        raise InputError("no passages (the input is empty)", name)
+    return passages
+
+
 def _parse_jsonl(line: str, name: str, number: int, position: int) -> Passage:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
         raise InputError(f"malformed JSON: {exc.msg} (column {exc.colno})", name, number) from None
+    return _parse_record(record, name, number, position)
+
+
+def _parse_record(record, name: str, number: int, position: int) -> Passage:
     if not isinstance(record, dict):
         raise InputError("expected a JSON object", name, number)
     if "text" not in record:

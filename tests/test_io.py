@@ -56,3 +56,29 @@ def test_missing_file_and_folder(tmp_path):
         read_passages(str(tmp_path / "nope.jsonl"))
     with pytest.raises(InputError, match="folder"):
         read_passages(str(tmp_path))
+
+
+def test_parquet_passages_read_and_errors_name_the_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from agrame.io import InputError, read_passages
+
+    good = tmp_path / "corpus.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "text": ["Reefs grow slowly.", "Coral bleaches."],
+                             "metadata": ['{"year": 2020}', None]}), good)
+    passages = read_passages(str(good))
+    assert [(p.id, p.text, p.metadata) for p in passages] == [("a", "Reefs grow slowly.", {"year": 2020}),
+                                                              ("b", "Coral bleaches.", None)]
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "text": ["ok", " "]}), bad)
+    with pytest.raises(InputError, match=r"bad.parquet:2: field 'text': empty text"):
+        read_passages(str(bad))
+    notext = tmp_path / "notext.parquet"
+    pq.write_table(pa.table({"body": ["x"]}), notext)
+    with pytest.raises(InputError, match="no 'text' column"):
+        read_passages(str(notext))
+    fake = tmp_path / "fake.parquet"
+    fake.write_text("not parquet")
+    with pytest.raises(InputError, match="not a readable Parquet file"):
+        read_passages(str(fake))

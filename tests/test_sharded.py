@@ -161,3 +161,13 @@ def test_cli_builds_searches_and_changes_a_sharded_index(tmp_path, tiny_model_di
     assert exit_.value.code == 2
     assert main(["index", "--add", "-p", str(extra), "-i", str(ix), "--shards", "2"]) == 2
     assert "--shards and --ray build a new index" in capsys.readouterr().err
+
+
+def test_ray_flag_without_ray_says_how_to_install(monkeypatch, tmp_path, coral_file, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # what an install without the extra looks like
+    assert main(["index", "-p", str(coral_file), "-i", str(tmp_path / "x"), "--ray"]) == 2
+    assert "pip install 'agrame[ray]'" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    assert main(["index", "-p", str(coral_file), "-i", str(tmp_path / "x"), "--workers", "2"]) == 2
+    assert "--workers and --resume go with --ray" in capsys.readouterr().err

@@ -74,14 +74,16 @@ def connect(address: Optional[str] = None, *, num_cpus: Optional[int] = None, qu
     return ray
 
 
-def default_workers(ray) -> tuple:
-    """(actors, GPUs per actor, CPUs per actor): one actor per GPU, else one per two CPUs."""
+def default_workers(ray, workers: Optional[int] = None) -> tuple:
+    """(actors, GPUs per actor, CPUs per actor): one actor per GPU, else one per two CPUs; the CPUs
+    shared evenly among the actors (torch threads per actor = its CPUs)."""
     resources = ray.cluster_resources()
     gpus = int(resources.get("GPU", 0))
     if gpus:
-        return gpus, 1, 1
+        return workers or gpus, 1, 1
     cpus = int(resources.get("CPU", 1))
-    return max(1, cpus // 2), 0, min(2, cpus)
+    actors = workers or max(1, cpus // 2)
+    return actors, 0, max(1, cpus // actors)
 
 
 class EncodeBlocks:
@@ -232,8 +234,8 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
         work.start({"fingerprint": fingerprint, "num_blocks": len(blocks)}, codec, codec_info)
     done = work.done()
     todo = [(s, b, part) for s, b, part in blocks if _key(s, b) not in done]
-    actors, gpus, cpus = default_workers(ray)
-    actors = min(workers or actors, max(1, len(todo)))
+    actors, gpus, cpus = default_workers(ray, workers)
+    actors = min(actors, max(1, len(todo)))
     stats = {"blocks": len(blocks), "encoded_blocks": len(todo), "resumed_blocks": len(blocks) - len(todo),
              "workers": actors, "gpus_per_worker": gpus, "cpus_per_worker": cpus}
     if todo:
@@ -351,7 +353,8 @@ class RayShardedIndex(BaseIndex):
     """
 
     def __init__(self, path: Union[str, Path], model=None, *, address: Optional[str] = None,
-                 timeout: float = 60.0, threads_per_shard: int = 1):
+                 timeout: float = 60.0, threads_per_shard: int = 1,
+                 placement: Optional[Sequence[Mapping[str, float]]] = None):
         from .format import load_index_model, read_manifest
         from .sharded import read_shards
 
@@ -371,9 +374,14 @@ class RayShardedIndex(BaseIndex):
         # Each actor reserves its threads where the cluster has them, else an equal share (8 shards on a
         # 2-CPU machine still all start; they mostly wait on the network and on each other).
         cpus = min(float(threads_per_shard), float(ray.cluster_resources().get("CPU", 1)) / self.num_shards)
-        self.actors = [remote.options(num_cpus=cpus, scheduling_strategy="SPREAD")
+        if placement is not None and len(placement) != self.num_shards:
+            raise ValueError(f"placement: {len(placement)} entries for {self.num_shards} shards")
+        # ``placement``: custom resources per shard (e.g. {"node-b": 1}) pin a shard's actor to the node
+        # that holds its folder; otherwise Ray spreads the actors over the cluster.
+        self.actors = [remote.options(num_cpus=cpus, **({"resources": dict(placement[i])} if placement else
+                                                        {"scheduling_strategy": "SPREAD"}))
                        .remote(str(self.path / name), actor_model, threads_per_shard)
-                       for name in self.shards_manifest["shards"]]
+                       for i, name in enumerate(self.shards_manifest["shards"])]
         ray.get([a.ready.remote() for a in self.actors], timeout=timeout)
 
     def wait_ready(self, timeout: Optional[float] = None) -> None:

@@ -1,0 +1,283 @@
+"""Scale-out: a Ray build against the local one, sharded search against the single index, and a
+two-node Ray cluster simulated on this machine.
+
+    python -m benchmarks.scale_out build [--passages N]     # local vs Ray with 1 and 2 workers, one codec
+    python -m benchmarks.scale_out search --limit 100       # S = 1, 2, 4, 8 shards of the pool index
+    python -m benchmarks.scale_out cluster --passages 400   # head + second raylet, shards pinned to each
+
+``build`` encodes the first N passages of the pooled corpus (all by default) with the default model
+three times — local (``build_compressed``, torch on every core), Ray with 1 worker (all cores),
+Ray with 2 workers (one core each) — with one codec trained once beforehand, and checks that the
+three indexes hold the same bytes. ``search`` splits the pool index (its codec, the pool's cached
+vectors: no encoding) into S shards and compares, on SQuAD dev questions, each sharded index with
+the single index: exact mode (every passage scored) must give the identical top-k; staged mode's
+top-1 sentence and top-100 passages are compared with the single index's exhaustive scan.
+Latency: query encoding excluded, shards searched in threads (2 cores here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from agrame.corpus import Passage
+from agrame.index import Index, read_manifest
+from agrame.index.sharded import (FORMAT_SHARDED, ShardedIndex, shard_name, shard_of, write_shards_manifest)
+from agrame.index.store import build_compressed, train_codec
+
+from .common import command_line, machine, sample, write_result
+from .data import load_questions
+from .encodings import cache_root
+from .index_search import PoolVectors, build, encode_queries, exhaustive_scores
+from .lifecycle import _sentence_id, _Subset
+
+SHARD_COUNTS = (1, 2, 4, 8)
+PASSAGE_K, SENTENCE_K = 100, 10
+SAME_BYTES = ("codes.bin", "residuals.bin", "doclens.bin", "sentcounts.bin", "sentences.bin", "sentence_tokens.bin",
+              "passages.jsonl", "passage_offsets.bin", "ivf-1.offsets.bin", "ivf-1.pids.bin")
+
+
+def _pct(xs, p) -> float:
+    return round(float(np.percentile(xs, p)), 1)
+
+
+def _same(a: Path, b: Path) -> bool:
+    return all((a / n).read_bytes() == (b / n).read_bytes() for n in SAME_BYTES)
+
+
+# -- build ----------------------------------------------------------------------------------------
+
+
+def cmd_build(args) -> None:
+    from agrame.encoder import load_encoder
+    from agrame.index.distributed import build_with_ray, connect
+
+    vectors = PoolVectors(args.model)
+    texts = vectors.pool.texts[:args.passages] if args.passages else vectors.pool.texts
+    passages = [Passage(str(i), t) for i, t in enumerate(texts)]
+    encoder = load_encoder(args.model)
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    codec, _, codec_info = train_codec(encoder, passages, 2)
+    codec_seconds = time.perf_counter() - t0
+    root = Path(tempfile.mkdtemp(prefix="scale-out-build-", dir=args.work))
+    runs: Dict[str, dict] = {}
+    try:
+        t0 = time.perf_counter()
+        build_compressed(encoder, passages, root / "local", codec=codec, batch_size=args.batch_size)
+        runs["local"] = {"seconds": time.perf_counter() - t0, "torch_threads": args.threads}
+        t0 = time.perf_counter()
+        ray = connect(None, num_cpus=args.threads)
+        runs["ray_start_seconds"] = time.perf_counter() - t0
+        for workers in (1, 2):
+            t0 = time.perf_counter()
+            build_with_ray(args.model, passages, root / f"ray{workers}", workers=workers, codec=codec,
+                           batch_size=args.batch_size)
+            runs[f"ray_{workers}_workers"] = {"seconds": time.perf_counter() - t0, **build_with_ray.last_stats}
+        ray.shutdown()
+        same = {f"ray_{w}_workers": _same(root / "local", root / f"ray{w}") for w in (1, 2)}
+        tokens = read_manifest(root / "local")["num_tokens"]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    local = runs["local"]["seconds"]
+    for name, run in runs.items():
+        if isinstance(run, dict):
+            run["passages_per_second"] = round(len(passages) / run["seconds"], 1)
+            run["time_vs_local"] = round(run["seconds"] / local, 3)
+            run["seconds"] = round(run["seconds"], 1)
+    result = {"benchmark": "scale_out", "what": "build: local vs Ray (Ray Data actor pool), one codec",
+              "corpus": "pooled corpus (benchmarks.data), first N passages", "passages": len(passages),
+              "tokens": tokens, "model": encoder.source, "nbits": 2, "batch_size": args.batch_size,
+              "codec_training_seconds_excluded": round(codec_seconds, 1), "codec": codec_info,
+              "ray_start_seconds": round(runs.pop("ray_start_seconds"), 1), "runs": runs,
+              "identical_bytes_to_local": same, "machine": machine()}
+    out = write_result("scale_out-build", result, args.out, command_line("benchmarks.scale_out", ["build", *args.argv]))
+    print(json.dumps(result, indent=1), "→", out)
+
+
+# -- sharded search -------------------------------------------------------------------------------
+
+
+def sharded_pool(vectors: PoolVectors, shards: int) -> Path:
+    """The pool index split into ``shards`` shards (its codec, the cached vectors), cached."""
+    base, _ = build(vectors, 2)
+    path = cache_root() / f"{base.name}-sharded{shards}"
+    if path.exists():
+        return path
+    codec = Index(base, model=vectors.encoder).store.codec
+    corpus = vectors.corpus()
+    tmp = path.parent / f".{path.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    routed = np.array([shard_of(str(i), shards) for i in range(len(corpus))])
+    names = []
+    for s in range(shards):
+        keep = np.flatnonzero(routed == s)
+        passages = [Passage(str(i), vectors.pool.texts[i]) for i in keep]
+        build_compressed(vectors.encoder, passages, tmp / shard_name(s), codec=codec, encoded=_Subset(corpus, keep),
+                         sentences=[vectors.spans[i] for i in keep])
+        names.append(shard_name(s))
+    write_shards_manifest(tmp, {"format": FORMAT_SHARDED, "num_shards": shards, "shards": names,
+                                "routing": "blake2b-64(utf-8 id) mod num_shards",
+                                "model": read_manifest(base)["model"], "num_passages": len(corpus)})
+    tmp.rename(path)
+    return path
+
+
+def _key(hits) -> List[tuple]:
+    return [(h.passage_id, h.start, h.end, round(h.score, 4)) for h in hits]
+
+
+def cmd_search(args) -> None:
+    torch.set_num_threads(args.threads)
+    vectors = PoolVectors(args.model)
+    single = Index(build(vectors, 2)[0], model=vectors.encoder)
+    alpha = vectors.encoder.settings.alpha
+    questions = sample(load_questions("squad-dev", vectors.pool), args.limit, args.seed)
+    queries = encode_queries(vectors.encoder, [q.text for q in questions])
+    exact_queries = queries[:args.exact_limit]
+    refs = []
+    for q, s in tqdm(queries, desc="exhaustive reference", disable=None):
+        p_scores, s_scores = exhaustive_scores(single, q, s, alpha)
+        refs.append((int(torch.argmax(s_scores)), torch.topk(p_scores, PASSAGE_K).indices.tolist()))
+    single_exact = [{g: _key(single.search_vectors(q, s, g, k, exact=True))
+                     for g, k in (("sentence", SENTENCE_K), ("passage", PASSAGE_K))} for q, s in exact_queries]
+    rows = {}
+    for shards in SHARD_COUNTS:
+        index = ShardedIndex(sharded_pool(vectors, shards), model=vectors.encoder, threads=args.threads)
+        row = {}
+        for g, k in (("sentence", SENTENCE_K), ("passage", PASSAGE_K)):
+            ms, agree = [], []
+            for (q, s), (top_sentence, top_passages) in zip(tqdm(queries, desc=f"S={shards} {g}", disable=None), refs):
+                t0 = time.perf_counter()
+                hits = index.search_vectors(q, s, g, k)
+                ms.append(1000 * (time.perf_counter() - t0))
+                if g == "sentence":
+                    agree.append(bool(hits) and _sentence_id(single, hits[0]) == top_sentence)
+                else:
+                    agree.append(len({int(h.passage_id) for h in hits} & set(top_passages)) / PASSAGE_K)
+            exact_same = sum(_key(index.search_vectors(q, s, g, k, exact=True)) == want[g]
+                             for (q, s), want in zip(exact_queries, single_exact))
+            row[g] = {"top_k": k, "ms_median": _pct(ms, 50), "ms_p95": _pct(ms, 95),
+                      "exact_mode_identical_top_k": f"{exact_same}/{len(exact_queries)}"}
+            if g == "sentence":
+                row[g]["staged_same_top1_sentence_as_exhaustive"] = round(float(np.mean(agree)), 4)
+            else:
+                row[g]["staged_top100_overlap_with_exhaustive"] = round(float(np.mean(agree)), 4)
+        rows[f"S={shards}"] = row
+        index.close()
+    single_ms = {}
+    for g, k in (("sentence", SENTENCE_K), ("passage", PASSAGE_K)):
+        ms = []
+        for q, s in queries:
+            t0 = time.perf_counter()
+            single.search_vectors(q, s, g, k)
+            ms.append(1000 * (time.perf_counter() - t0))
+        single_ms[g] = {"ms_median": _pct(ms, 50), "ms_p95": _pct(ms, 95)}
+    result = {"benchmark": "scale_out", "what": "sharded search vs the single pool index",
+              "corpus": "pooled corpus", "passages": len(single), "model": vectors.encoder.source, "nbits": 2,
+              "queries": f"{len(queries)} squad-dev questions (seed {args.seed}); exact-mode check on the first "
+                         f"{len(exact_queries)}", "threads": args.threads,
+              "single_index": single_ms, "sharded": rows, "machine": machine()}
+    out = write_result("scale_out-search", result, args.out, command_line("benchmarks.scale_out", ["search", *args.argv]))
+    print(json.dumps(result, indent=1), "→", out)
+
+
+# -- two nodes on one machine ---------------------------------------------------------------------
+
+
+def cmd_cluster(args) -> None:
+    """A Ray head and a second raylet (each 1 CPU and a custom resource naming it): the Ray build's
+    actors run on both; a 2-shard index's actors are pinned one per node."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from agrame.encoder import load_encoder
+    from agrame.index.distributed import WORKER_ENV, RayShardedIndex, build_with_ray
+    from agrame.index.sharded import build_sharded
+
+    vectors = PoolVectors(args.model)
+    passages = [Passage(str(i), t) for i, t in enumerate(vectors.pool.texts[:args.passages])]
+    encoder = load_encoder(args.model)
+    codec, _, _ = train_codec(encoder, passages, 2)
+    questions = sample(load_questions("squad-dev", vectors.pool), args.limit, args.seed)
+    root = Path(tempfile.mkdtemp(prefix="scale-out-cluster-", dir=args.work))
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"node-a": 1}})
+    cluster.add_node(num_cpus=1, resources={"node-b": 1})
+    cluster.wait_for_nodes()
+    try:
+        ray.init(address=cluster.address, runtime_env={"env_vars": dict(WORKER_ENV)}, log_to_driver=False)
+        nodes = [n["NodeID"][:8] for n in ray.nodes() if n["Alive"]]
+        t0 = time.perf_counter()
+        build_with_ray(args.model, passages, root / "ray", workers=2, codec=codec, block_passages=args.block,
+                       shards=2)
+        ray_build = time.perf_counter() - t0
+        build_sharded(encoder, passages, root / "local", 2, codec=codec, chunk_passages=args.block)
+        same_bytes = all(_same(root / "ray" / shard_name(s), root / "local" / shard_name(s)) for s in range(2))
+        remote = RayShardedIndex(root / "ray", placement=[{"node-a": 0.01}, {"node-b": 0.01}])
+        where = ray.get([a.ready.remote() for a in remote.actors])
+        local = ShardedIndex(root / "local", model=encoder)
+        same, ms = {"sentence": 0, "passage": 0}, []
+        for q in questions:
+            for g, k in (("sentence", SENTENCE_K), ("passage", PASSAGE_K)):
+                t0 = time.perf_counter()
+                got = remote.search(q.text, g, top_k=k)
+                ms.append(1000 * (time.perf_counter() - t0))
+                same[g] += _key(got) == _key(local.search(q.text, g, top_k=k))
+        remote.close()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+    result = {"benchmark": "scale_out", "what": "two raylets on one machine (1 CPU each), shards pinned one per node",
+              "passages": len(passages), "model": encoder.source, "nodes": len(nodes),
+              "shard_actor_pids": where, "ray_build_seconds_2_workers": round(ray_build, 1),
+              "build_identical_bytes_to_local": same_bytes,
+              "queries": f"{len(questions)} squad-dev questions (seed {args.seed})",
+              "search_same_as_local": {g: f"{n}/{len(questions)}" for g, n in same.items()},
+              "search_ms_median_incl_query_encoding": _pct(ms, 50), "machine": machine()}
+    out = write_result("scale_out-cluster", result, args.out,
+                       command_line("benchmarks.scale_out", ["cluster", *args.argv]))
+    print(json.dumps(result, indent=1), "→", out)
+
+
+def main(argv=None) -> None:
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale_out", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="local vs Ray builds of the pooled corpus")
+    b.add_argument("--passages", type=int, default=None, help="first N pool passages (default: all)")
+    b.add_argument("--batch-size", type=int, default=16)
+    s = sub.add_parser("search", help="sharded search vs the single pool index")
+    s.add_argument("--limit", type=int, default=100, help="questions (default 100)")
+    s.add_argument("--exact-limit", type=int, default=10, help="questions checked in exact mode (default 10)")
+    c = sub.add_parser("cluster", help="two raylets on this machine")
+    c.add_argument("--passages", type=int, default=400)
+    c.add_argument("--limit", type=int, default=20, help="questions (default 20)")
+    c.add_argument("--block", type=int, default=64, help="passages per block (default 64)")
+    for p in (b, s, c):
+        p.add_argument("--model", default=None)
+        p.add_argument("--threads", type=int, default=2)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--work", default=None, help="folder for temporary indexes (default: the system's)")
+        p.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    args.argv = argv[1:]
+    {"build": cmd_build, "search": cmd_search, "cluster": cmd_cluster}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
