@@ -103,10 +103,7 @@ def read_passages(path: str, fmt: str = "auto") -> List[Passage]:
             passage = Passage(pid.strip(), text)
         else:
             passage = Passage(str(len(passages)), line)
-        if passage.id in seen:
-            raise InputError(f"duplicate id {passage.id!r} (first on line {seen[passage.id]})", name, number, "id")
-        seen[passage.id] = number
-        passages.append(passage)
+        _append_unique(passages, seen, passage, name, number, "line")
     if not passages:
         raise InputError("no passages (the input is empty)", name)
     return passages
@@ -138,14 +135,17 @@ def _read_parquet(path: str, name: str) -> List[Passage]:
                 raise InputError(f"malformed JSON: {exc.msg}", name, number, "metadata") from None
         for key in [k for k, v in record.items() if v is None]:
             del record[key]
-        passage = _parse_record(record, name, number, len(passages))
-        if passage.id in seen:
-            raise InputError(f"duplicate id {passage.id!r} (first on row {seen[passage.id]})", name, number, "id")
-        seen[passage.id] = number
-        passages.append(passage)
+        _append_unique(passages, seen, _parse_record(record, name, number, len(passages)), name, number, "row")
     if not passages:
         raise InputError("no passages (the input is empty)", name)
     return passages
+
+
+def _append_unique(passages: List[Passage], seen: dict, passage: Passage, name: str, number: int, unit: str) -> None:
+    if passage.id in seen:
+        raise InputError(f"duplicate id {passage.id!r} (first on {unit} {seen[passage.id]})", name, number, "id")
+    seen[passage.id] = number
+    passages.append(passage)
 
 
 def _parse_jsonl(line: str, name: str, number: int, position: int) -> Passage:

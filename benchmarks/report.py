@@ -909,6 +909,57 @@ def render_hardening(results: List[dict]) -> str:
     return "\n".join(out)
 
 
+def render_scale_out(results: List[dict]) -> str:
+    out = ["## Scale-out: Ray builds and sharded search", ""]
+    for r in (r for r in results if r["what"].startswith("build")):
+        runs = r["runs"]
+        out += [f"Build of the first {r['passages']:,} pool passages ({r['tokens']:,} tokens; {r['model']}, "
+                f"{r['nbits']}-bit, one codec trained beforehand in {r['codec_training_seconds_excluded']} s and "
+                f"given to every run; Ray started in {r['ray_start_seconds']} s, not counted):", "",
+                "| run | seconds | passages/s | time vs local | same bytes as local |", "|---|---:|---:|---:|---|"]
+        for name, run in runs.items():
+            same = "—" if name == "local" else ("yes" if r["identical_bytes_to_local"].get(name) else "**no**")
+            label = name if name == "local" else f"{name.replace('_', ' ')} ({run['cpus_per_worker']} CPU each)"
+            out.append(f"| {label} | {run['seconds']} | {run['passages_per_second']} | {run['time_vs_local']} | "
+                       f"{same} |")
+        out.append("")
+    for r in (r for r in results if r["what"].startswith("sharded search")):
+        single = r["single_index"]
+        out += [f"Sharded search over the pooled corpus ({r['passages']:,} passages, {r['model']}, {r['nbits']}-bit; "
+                f"{r['queries']}; {r['threads']} threads, query encoding excluded). Single index: sentence top 10 "
+                f"{single['sentence']['ms_median']} / {single['sentence']['ms_p95']} ms, passage top 100 "
+                f"{single['passage']['ms_median']} / {single['passage']['ms_p95']} ms (median / p95).", "",
+                "| shards | sentence top 10 ms (median / p95) | same top-1 sentence as exhaustive | exact mode identical | "
+                "passage top 100 ms (median / p95) | top-100 overlap with exhaustive | exact mode identical |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
+        for name, row in r["sharded"].items():
+            s_, p_ = row["sentence"], row["passage"]
+            out.append(f"| {name} | {s_['ms_median']} / {s_['ms_p95']} | "
+                       f"{100 * s_['staged_same_top1_sentence_as_exhaustive']:.1f}% | {s_['exact_mode_identical_top_k']} | "
+                       f"{p_['ms_median']} / {p_['ms_p95']} | "
+                       f"{100 * p_['staged_top100_overlap_with_exhaustive']:.1f}% | {p_['exact_mode_identical_top_k']} |")
+        out.append("")
+    for r in (r for r in results if r["what"].startswith("two raylets")):
+        out += [f"Two raylets on this machine (1 CPU each; {r['passages']} pool passages, {r['model']}): the Ray build "
+                f"(2 workers, 2 shards, {r['ray_build_seconds_2_workers']} s) wrote "
+                f"{'the same bytes as' if r['build_identical_bytes_to_local'] else '**other bytes than**'} the local "
+                f"sharded build; shard actors pinned one per node "
+                f"({'distinct nodes' if r.get('shard_actors_on_distinct_nodes') else 'nodes: ' + str(r.get('shard_actor_nodes'))}); "
+                f"{r['queries']}: same hits as the local sharded index — sentence {r['search_same_as_local']['sentence']}, "
+                f"passage {r['search_same_as_local']['passage']}; median {r['search_ms_median_incl_query_encoding']} ms "
+                "per search including query encoding.", ""]
+    for r in (r for r in results if r["what"].startswith("synthetic")):
+        s_ = r["search"]
+        out += [f"{r['tokens']:,} synthetic tokens ({r['passages']:,} passages; {r['generator']}): k-means "
+                f"{r['kmeans_seconds_shared']} s (shared); single index built locally in {r['single_build_seconds']} s, "
+                f"{r['shards']} shards built on Ray with 2 workers in {r['ray_sharded_build_seconds']} s. Sentence top 10 "
+                f"({s_['queries']} queries, {s_['threads']} threads): single {s_['single_ms_median']} / "
+                f"{s_['single_ms_p95']} ms, sharded {s_['sharded_ms_median']} / {s_['sharded_ms_p95']} ms (median / p95); "
+                f"same top-1 passage {s_['same_top1_passage']}.", ""]
+    out.append(_commands(results))
+    return "\n".join(out)
+
+
 RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     "open_domain": render_open_domain,
     "cross_domain": render_cross_domain,
@@ -923,6 +974,7 @@ RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     "lifecycle": render_lifecycle,
     "fault": render_fault,
     "hardening": render_hardening,
+    "scale_out": render_scale_out,
 }
 
 

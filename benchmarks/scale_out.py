@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -225,7 +224,7 @@ def cmd_cluster(args) -> None:
         build_sharded(encoder, passages, root / "local", 2, codec=codec, chunk_passages=args.block)
         same_bytes = all(_same(root / "ray" / shard_name(s), root / "local" / shard_name(s)) for s in range(2))
         remote = RayShardedIndex(root / "ray", placement=[{"node-a": 0.01}, {"node-b": 0.01}])
-        where = ray.get([a.ready.remote() for a in remote.actors])
+        where = [r["node"][:8] for r in ray.get([a.ready.remote() for a in remote.actors])]
         local = ShardedIndex(root / "local", model=encoder)
         same, ms = {"sentence": 0, "passage": 0}, []
         for q in questions:
@@ -241,13 +240,127 @@ def cmd_cluster(args) -> None:
         shutil.rmtree(root, ignore_errors=True)
     result = {"benchmark": "scale_out", "what": "two raylets on one machine (1 CPU each), shards pinned one per node",
               "passages": len(passages), "model": encoder.source, "nodes": len(nodes),
-              "shard_actor_pids": where, "ray_build_seconds_2_workers": round(ray_build, 1),
+              "shard_actor_nodes": where, "shard_actors_on_distinct_nodes": len(set(where)) == 2, "ray_build_seconds_2_workers": round(ray_build, 1),
               "build_identical_bytes_to_local": same_bytes,
               "queries": f"{len(questions)} squad-dev questions (seed {args.seed})",
               "search_same_as_local": {g: f"{n}/{len(questions)}" for g, n in same.items()},
               "search_ms_median_incl_query_encoding": _pct(ms, 50), "machine": machine()}
     out = write_result("scale_out-cluster", result, args.out,
                        command_line("benchmarks.scale_out", ["cluster", *args.argv]))
+    print(json.dumps(result, indent=1), "→", out)
+
+
+class TextSeededVectors:
+    """A stand-in encoder for scale runs: one token per whitespace-separated word, vectors drawn
+    around 3 of 4,096 topic directions (σ = 0.08 per dimension, as ``index_search.SyntheticSource``),
+    seeded by the text — so any process (a Ray actor) makes the same vectors for the same passage."""
+
+    source = "synthetic-text-seeded"
+    topics = 4096
+
+    def __init__(self, dim: int = 128, seed: int = 0):
+        from agrame.encoder import EncoderSettings
+
+        self.dim = dim
+        self.settings = EncoderSettings(dim=dim)
+        self.centers = _unit(np.random.default_rng(seed).normal(size=(self.topics, dim))).astype(np.float32)
+
+    def fingerprint(self) -> str:
+        return f"synthetic-text-seeded-{self.dim}"
+
+    def passage_offsets(self, texts) -> list:
+        import re
+
+        return [torch.tensor([m.span() for m in re.finditer(r"\S+", t)], dtype=torch.int64).reshape(-1, 2)
+                for t in texts]
+
+    def encode_passages(self, texts, batch_size: int = 16, progress: bool = False) -> list:
+        import zlib
+
+        from agrame.encoder import EncodedPassage
+
+        out = []
+        for text, offsets in zip(texts, self.passage_offsets(texts)):
+            rng = np.random.default_rng(zlib.crc32(text.encode()))
+            n = len(offsets)
+            v = self.centers[rng.choice(rng.integers(0, self.topics, 3), n)]
+            v = v + 0.08 * rng.normal(size=(n, self.dim)).astype(np.float32)
+            out.append(EncodedPassage(torch.from_numpy(_unit(v).astype(np.float32)), offsets))
+        return out
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def synthetic_passages(tokens: int, seed: int = 0) -> List[Passage]:
+    rng = np.random.default_rng(seed)
+    out, total = [], 0
+    while total < tokens:
+        n = int(rng.integers(60, 201))
+        out.append(Passage(str(len(out)), f"p{len(out)} " + "x " * (n - 1)))
+        total += n
+    return out
+
+
+def cmd_synthetic(args) -> None:
+    """N synthetic tokens: a single index built locally vs S shards built on Ray with 2 workers
+    (one codec, trained once); scatter-gather search latency against the single index."""
+    from agrame.index.distributed import build_with_ray, connect
+
+    torch.set_num_threads(args.threads)
+    model = TextSeededVectors()
+    passages = synthetic_passages(int(args.tokens), args.seed)
+    root = Path(args.work or cache_root()) / f"scale-out-synthetic-{int(args.tokens)}"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    try:
+        t0 = time.perf_counter()
+        codec, _, codec_info = train_codec(model, passages, 2)
+        kmeans = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        build_compressed(model, passages, root / "single", codec=codec, chunk_passages=2048)
+        single_build = time.perf_counter() - t0
+        ray = connect(None, num_cpus=args.threads)
+        t0 = time.perf_counter()
+        build_with_ray(model, passages, root / "sharded", shards=args.shards, workers=2, codec=codec,
+                       block_passages=2048)
+        ray_build = time.perf_counter() - t0
+        stats = dict(build_with_ray.last_stats)
+        ray.shutdown()
+        single = Index(root / "single", model=model)
+        sharded = ShardedIndex(root / "sharded", model=model, threads=args.threads)
+        rng = np.random.default_rng(1)
+        times = {"single": [], "sharded": []}
+        same_top1 = 0
+        for i in range(args.queries + 5):
+            p = passages[int(rng.integers(0, len(passages)))]
+            v = model.encode_passages([p.text])[0].vectors.numpy()[:32]
+            q = torch.from_numpy(_unit(v + 0.05 * rng.normal(size=v.shape)).astype(np.float32))
+            hits = {}
+            for name, index in (("single", single), ("sharded", sharded)):
+                t = time.perf_counter()
+                hits[name] = index.search_vectors(q, q, "sentence", 10, alpha=0.5)
+                if i >= 5:
+                    times[name].append(1000 * (time.perf_counter() - t))
+            if i >= 5:
+                same_top1 += hits["single"][0].passage_id == hits["sharded"][0].passage_id
+        tokens = read_manifest(root / "single")["num_tokens"]
+        sharded.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    result = {"benchmark": "scale_out", "what": "synthetic tokens: single local build vs sharded Ray build (2 workers)",
+              "generator": TextSeededVectors.__doc__.split("\n")[0], "tokens": tokens, "passages": len(passages),
+              "shards": args.shards, "dim": 128, "nbits": 2, "codec": codec_info,
+              "kmeans_seconds_shared": round(kmeans, 1), "single_build_seconds": round(single_build, 1),
+              "ray_sharded_build_seconds": round(ray_build, 1), "ray_build_stats": stats,
+              "search": {"granularity": "sentence", "top_k": 10, "threads": args.threads, "queries": args.queries,
+                         "single_ms_median": _pct(times["single"], 50), "single_ms_p95": _pct(times["single"], 95),
+                         "sharded_ms_median": _pct(times["sharded"], 50),
+                         "sharded_ms_p95": _pct(times["sharded"], 95),
+                         "same_top1_passage": f"{same_top1}/{args.queries}"}}
+    out = write_result(f"scale_out-synthetic-{int(args.tokens)}", result, args.out,
+                       command_line("benchmarks.scale_out", ["synthetic", *args.argv]))
     print(json.dumps(result, indent=1), "→", out)
 
 
@@ -268,7 +381,11 @@ def main(argv=None) -> None:
     c.add_argument("--passages", type=int, default=400)
     c.add_argument("--limit", type=int, default=20, help="questions (default 20)")
     c.add_argument("--block", type=int, default=64, help="passages per block (default 64)")
-    for p in (b, s, c):
+    y = sub.add_parser("synthetic", help="synthetic tokens: single local build vs sharded Ray build")
+    y.add_argument("--tokens", type=float, default=1e7, help="tokens (default 1e7)")
+    y.add_argument("--shards", type=int, default=8)
+    y.add_argument("--queries", type=int, default=100)
+    for p in (b, s, c, y):
         p.add_argument("--model", default=None)
         p.add_argument("--threads", type=int, default=2)
         p.add_argument("--seed", type=int, default=0)
@@ -276,7 +393,7 @@ def main(argv=None) -> None:
         p.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     args.argv = argv[1:]
-    {"build": cmd_build, "search": cmd_search, "cluster": cmd_cluster}[args.command](args)
+    {"build": cmd_build, "search": cmd_search, "cluster": cmd_cluster, "synthetic": cmd_synthetic}[args.command](args)
 
 
 if __name__ == "__main__":

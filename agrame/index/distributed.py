@@ -32,10 +32,10 @@ from ..corpus import Passage
 from .codec import ResidualCodec
 from .format import IndexFolderError, model_block
 from .base import BaseIndex
-from .sharded import (SearchResults, ShardedWriter, ShardUnavailableError, commit_new, merge_hits, route, shard_of,
+from .sharded import (SearchResults, ShardedWrites, ShardUnavailableError, commit_new, merge_hits, route, shard_of,
                       write_sharded)
 from .store import CompressedBlock, compress_block, train_codec, write_blocks
-from .writer import DEFAULT_COMPACT_THRESHOLD, check_passages
+from .writer import check_passages
 
 #: Passages per block: the unit of work of an actor, of a retry and of a resume (an unsharded
 #: local build's chunk is 1,024 passages: equal sizes give equal bytes).
@@ -93,11 +93,9 @@ class EncodeBlocks:
                  crash_once: Optional[str] = None):
         import torch
 
-        from ..encoder import load_encoder
-
         torch.set_num_threads(max(1, threads))
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.encoder = load_encoder(model, device=device)
+        self.encoder = _encoder(model, device)
         self.codec = ResidualCodec(**codec_state)
         self.batch_size, self.store_offsets, self.crash_once = batch_size, store_offsets, crash_once
 
@@ -113,6 +111,16 @@ class EncodeBlocks:
             block = compress_block(self.codec, passages, encoded, store_offsets=self.store_offsets)
             payloads.append(pickle.dumps(block, protocol=5))
         return {"key": np.asarray(batch["key"]), "payload": np.array(payloads, dtype=object)}
+
+
+def _encoder(model, device: str = "cpu"):
+    """``model`` as :func:`~agrame.encoder.load_encoder` takes it, or an encoder object itself (anything
+    with ``encode_passages``, ``fingerprint``, ``source``, ``settings``; e.g. a benchmark's generator)."""
+    from ..encoder import load_encoder
+
+    if model is None or isinstance(model, (str, Path)):
+        return load_encoder(model, device=device)
+    return model.to(device) if device != "cpu" and hasattr(model, "to") else model
 
 
 def _record(p: Passage) -> dict:
@@ -202,8 +210,6 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
     loads it). ``codec``: given centroids and buckets (else trained on a sample, on the driver).
     Returns ``path``; the stats of the run are in ``build_with_ray.last_stats``.
     """
-    from ..encoder import load_encoder
-
     ray = connect(address)
     say = say or (lambda message: None)
     path = Path(path)
@@ -213,7 +219,7 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
     if path.exists() and any(path.iterdir()) and not overwrite and not resume:
         raise IndexFolderError(f"{path} already exists (use --overwrite to replace it)")
     num_shards = shards or 1
-    encoder = load_encoder(model)
+    encoder = _encoder(model)
     model_info = model_block(encoder)
     work = WorkFolder(path)
     fingerprint = _fingerprint(passages, num_shards, block_passages, nbits, model_info, store_offsets)
@@ -312,8 +318,10 @@ class ShardActor:
         self.index = Index(path, model=model)
         self._crash_next = False
 
-    def ready(self) -> int:
-        return os.getpid()
+    def ready(self) -> dict:
+        import ray
+
+        return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
 
     def crash_on_next_call(self) -> None:
         """Fault drill: the process dies during its next search (tests, benchmarks)."""
@@ -340,7 +348,7 @@ class ShardActor:
         return getattr(self._fresh(), method)(*args, **kwargs)
 
 
-class RayShardedIndex(BaseIndex):
+class RayShardedIndex(ShardedWrites, BaseIndex):
     """A sharded index searched by one Ray actor per shard, spread over the cluster; the query is
     encoded once here and its vectors sent to every actor, whose top-k merge by exact score.
 
@@ -511,26 +519,3 @@ class RayShardedIndex(BaseIndex):
 
     def reload(self) -> bool:
         return False  # every actor opens the newest generation on each call
-
-    def _write(self, method: str, *args, lock_timeout: float = 0.0, compact_threshold=DEFAULT_COMPACT_THRESHOLD,
-               **options) -> dict:
-        with ShardedWriter(self.path, lock_timeout=lock_timeout, compact_threshold=compact_threshold,
-                           model=self.encoder) as writer:
-            if method in ("add", "upsert"):
-                return getattr(writer, method)(self.encoder, *args, **options)
-            return getattr(writer, method)(*args, **options)
-
-    def add(self, passages, **options) -> dict:
-        return self._write("add", passages, **options)
-
-    def upsert(self, passages, **options) -> dict:
-        return self._write("upsert", passages, **options)
-
-    def delete(self, ids: Sequence[str], *, missing: str = "error", **options) -> dict:
-        return self._write("delete", ids, missing=missing, **options)
-
-    def delete_where(self, filter, **options) -> dict:
-        return self._write("delete_where", filter, **options)
-
-    def compact(self, *, lock_timeout: float = 0.0) -> dict:
-        return self._write("compact", lock_timeout=lock_timeout, compact_threshold=None)

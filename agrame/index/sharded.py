@@ -30,8 +30,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
-import numpy as np
-
 from .. import __version__
 from ..corpus import Passage
 from ..encoder import Encoder
@@ -234,7 +232,43 @@ def merge_hits(per_shard: Sequence[Sequence[ScoredSpan]], top_k: Optional[int]) 
     return merged if top_k is None else merged[:top_k]
 
 
-class ShardedIndex(BaseIndex):
+class ShardedWrites:
+    """add / upsert / delete / delete_where / compact of a sharded folder through :class:`ShardedWriter`
+    (for the index classes that search it: in threads here, or on Ray actors)."""
+
+    path: Path
+
+    def _after_write(self) -> None:
+        """What a reader does once its own write committed (reopen, or nothing where readers reopen per call)."""
+
+    def _write(self, method: str, *args, lock_timeout: float = 0.0,
+               compact_threshold=DEFAULT_COMPACT_THRESHOLD, **options) -> dict:
+        with ShardedWriter(self.path, lock_timeout=lock_timeout, compact_threshold=compact_threshold,
+                           model=self.encoder) as writer:
+            if method in ("add", "upsert"):
+                result = getattr(writer, method)(self.encoder, *args, **options)
+            else:
+                result = getattr(writer, method)(*args, **options)
+        self._after_write()
+        return result
+
+    def add(self, passages, **options) -> dict:
+        return self._write("add", passages, **options)
+
+    def upsert(self, passages, **options) -> dict:
+        return self._write("upsert", passages, **options)
+
+    def delete(self, ids: Sequence[str], *, missing: str = "error", **options) -> dict:
+        return self._write("delete", ids, missing=missing, **options)
+
+    def delete_where(self, filter, **options) -> dict:
+        return self._write("delete_where", filter, **options)
+
+    def compact(self, *, lock_timeout: float = 0.0) -> dict:
+        return self._write("compact", lock_timeout=lock_timeout, compact_threshold=None)
+
+
+class ShardedIndex(ShardedWrites, BaseIndex):
     """A sharded index folder opened as one (:class:`~agrame.index.Index`'s search API).
 
     >>> index = ShardedIndex("my-sharded-index")
@@ -287,6 +321,9 @@ class ShardedIndex(BaseIndex):
     def reload(self) -> bool:
         changed = [shard.reload() for shard in self.shards]
         return any(changed)
+
+    def _after_write(self) -> None:
+        self.reload()
 
     def __len__(self) -> int:
         return sum(len(s) for s in self.shards)
@@ -363,35 +400,6 @@ class ShardedIndex(BaseIndex):
 
     def explain(self, query: str, passage_id: str, alpha: Optional[float] = None):
         return self.explain_all(query, [passage_id], alpha=alpha)[0]
-
-    # -- changes --------------------------------------------------------------------------------
-
-    def _write(self, method: str, *args, lock_timeout: float = 0.0,
-               compact_threshold=DEFAULT_COMPACT_THRESHOLD, **options) -> dict:
-        with ShardedWriter(self.path, lock_timeout=lock_timeout, compact_threshold=compact_threshold,
-                           model=self.encoder) as writer:
-            if method in ("add", "upsert"):
-                result = getattr(writer, method)(self.encoder, *args, **options)
-            else:
-                result = getattr(writer, method)(*args, **options)
-        self.reload()
-        return result
-
-    def add(self, passages, **options) -> dict:
-        return self._write("add", passages, **options)
-
-    def upsert(self, passages, **options) -> dict:
-        return self._write("upsert", passages, **options)
-
-    def delete(self, ids: Sequence[str], *, missing: str = "error", **options) -> dict:
-        return self._write("delete", ids, missing=missing, **options)
-
-    def delete_where(self, filter, **options) -> dict:
-        return self._write("delete_where", filter, **options)
-
-    def compact(self, *, lock_timeout: float = 0.0) -> dict:
-        return self._write("compact", lock_timeout=lock_timeout, compact_threshold=None)
-
 
 def _passage_record(p: Passage) -> dict:
     out = {"id": p.id, "text": p.text}
