@@ -186,3 +186,16 @@ def test_serve_answers_503_for_a_dead_shard_and_partial_on_request(ray_sharded, 
     remote.wait_ready()
     health = client.get("/health").json()["index"]
     assert health["format"] == "agrame-sharded/1" and health["passages"] == 20
+
+
+def test_cli_index_on_ray(ray_cluster, tmp_path, tiny_model_dir, coral_file, capsys):
+    from agrame_app.cli import main
+
+    ix = tmp_path / "cli-ray"
+    assert main(["index", "-p", str(coral_file), "-i", str(ix), "-m", str(tiny_model_dir), "--ray",
+                 "--shards", "2", "--workers", "1"]) == 0
+    assert "(2 shards)" in capsys.readouterr().err
+    assert len(ShardedIndex(ix)) == 4
+    assert main(["index", "-p", str(coral_file), "-i", str(tmp_path / "other"), "-m", str(tiny_model_dir), "--ray",
+                 "--resume"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err
