@@ -939,6 +939,13 @@ def render_scale_out(results: List[dict]) -> str:
                        f"{p_['ms_median']} / {p_['ms_p95']} | "
                        f"{100 * p_['staged_top100_overlap_with_exhaustive']:.1f}% | {p_['exact_mode_identical_top_k']} |")
         out.append("")
+    for r in (r for r in results if r["what"].startswith("exact mode")):
+        cells = "; ".join(f"{name}: sentence {row['sentence']['strictly_identical']} strictly / "
+                          f"{row['sentence']['identical_up_to_ties']} up to ties, passage "
+                          f"{row['passage']['strictly_identical']} / {row['passage']['identical_up_to_ties']}"
+                          for name, row in r["rows"].items())
+        out += [f"Exact mode, {r['queries']}, {r['threads']} threads (top 10 sentences, top 100 passages; ties: scores "
+                f"within {r['tie_tolerance']:g} may swap): {cells}.", ""]
     for r in (r for r in results if r["what"].startswith("two raylets")):
         out += [f"Two raylets on this machine (1 CPU each; {r['passages']} pool passages, {r['model']}): the Ray build "
                 f"(2 workers, 2 shards, {r['ray_build_seconds_2_workers']} s) wrote "

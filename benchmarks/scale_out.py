@@ -192,6 +192,44 @@ def cmd_search(args) -> None:
     print(json.dumps(result, indent=1), "→", out)
 
 
+def same_up_to_ties(a, b, tol: float = 1e-4) -> bool:
+    """Two rankings with the same score at every rank (within ``tol``): their ids differ only where
+    scores tie (two threads sum a MaxSim's terms in an order that varies, ~1e-6 apart: ties swap)."""
+    return len(a) == len(b) and all(abs(x.score - y.score) <= tol for x, y in zip(a, b))
+
+
+def cmd_exact(args) -> None:
+    """Exact mode of S shards against the single index, strictly and up to float ties."""
+    torch.set_num_threads(args.threads)
+    vectors = PoolVectors(args.model)
+    single = Index(build(vectors, 2)[0], model=vectors.encoder)
+    questions = sample(load_questions("squad-dev", vectors.pool), args.limit, args.seed)
+    queries = encode_queries(vectors.encoder, [q.text for q in questions])
+    runs = {g: [single.search_vectors(q, s, g, k, exact=True) for q, s in queries]
+            for g, k in (("sentence", SENTENCE_K), ("passage", PASSAGE_K))}
+    again = {g: [single.search_vectors(q, s, g, k, exact=True) for q, s in queries]
+             for g, k in (("sentence", SENTENCE_K), ("passage", PASSAGE_K))}
+    rows = {"single index run twice": {g: {"strictly_identical": sum(_key(a) == _key(b) for a, b in zip(runs[g], again[g])),
+                                           "identical_up_to_ties": sum(same_up_to_ties(a, b) for a, b in zip(runs[g], again[g]))}
+                                       for g in runs}}
+    for shards in SHARD_COUNTS[1:]:
+        index = ShardedIndex(sharded_pool(vectors, shards), model=vectors.encoder, threads=args.threads)
+        row = {}
+        for g, k in (("sentence", SENTENCE_K), ("passage", PASSAGE_K)):
+            got = [index.search_vectors(q, s, g, k, exact=True) for q, s in queries]
+            diffs = [abs(x.score - y.score) for a, b in zip(got, runs[g]) for x, y in zip(a, b)]
+            row[g] = {"strictly_identical": sum(_key(a) == _key(b) for a, b in zip(got, runs[g])),
+                      "identical_up_to_ties": sum(same_up_to_ties(a, b) for a, b in zip(got, runs[g])),
+                      "max_score_difference_at_a_rank": float(max(diffs))}
+        rows[f"S={shards}"] = row
+        index.close()
+    result = {"benchmark": "scale_out", "what": "exact mode: sharded vs single, strictly and up to float ties",
+              "passages": len(single), "model": vectors.encoder.source, "threads": args.threads,
+              "queries": f"{len(queries)} squad-dev questions (seed {args.seed})", "tie_tolerance": 1e-4, "rows": rows}
+    out = write_result("scale_out-exact", result, args.out, command_line("benchmarks.scale_out", ["exact", *args.argv]))
+    print(json.dumps(result, indent=1), "→", out)
+
+
 # -- two nodes on one machine ---------------------------------------------------------------------
 
 
@@ -381,11 +419,13 @@ def main(argv=None) -> None:
     c.add_argument("--passages", type=int, default=400)
     c.add_argument("--limit", type=int, default=20, help="questions (default 20)")
     c.add_argument("--block", type=int, default=64, help="passages per block (default 64)")
+    e = sub.add_parser("exact", help="exact mode of S shards vs the single index, strictly and up to ties")
+    e.add_argument("--limit", type=int, default=10)
     y = sub.add_parser("synthetic", help="synthetic tokens: single local build vs sharded Ray build")
     y.add_argument("--tokens", type=float, default=1e7, help="tokens (default 1e7)")
     y.add_argument("--shards", type=int, default=8)
     y.add_argument("--queries", type=int, default=100)
-    for p in (b, s, c, y):
+    for p in (b, s, c, e, y):
         p.add_argument("--model", default=None)
         p.add_argument("--threads", type=int, default=2)
         p.add_argument("--seed", type=int, default=0)
@@ -393,7 +433,8 @@ def main(argv=None) -> None:
         p.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     args.argv = argv[1:]
-    {"build": cmd_build, "search": cmd_search, "cluster": cmd_cluster, "synthetic": cmd_synthetic}[args.command](args)
+    {"build": cmd_build, "search": cmd_search, "cluster": cmd_cluster, "exact": cmd_exact,
+     "synthetic": cmd_synthetic}[args.command](args)
 
 
 if __name__ == "__main__":
