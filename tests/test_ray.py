@@ -109,6 +109,19 @@ def test_an_interrupted_build_resumes_from_finished_blocks(ray_cluster, tmp_path
     _same_store(tmp_path / "local", tmp_path / "ray")
 
 
+def test_cli_index_on_ray(ray_cluster, tmp_path, tiny_model_dir, coral_file, capsys):
+    from agrame_app.cli import main
+
+    ix = tmp_path / "cli-ray"
+    assert main(["index", "-p", str(coral_file), "-i", str(ix), "-m", str(tiny_model_dir), "--ray",
+                 "--shards", "2", "--workers", "1"]) == 0
+    assert "(2 shards)" in capsys.readouterr().err
+    assert len(ShardedIndex(ix)) == 4
+    assert main(["index", "-p", str(coral_file), "-i", str(tmp_path / "other"), "-m", str(tiny_model_dir), "--ray",
+                 "--resume"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def ray_sharded(ray_cluster, tmp_path_factory, tiny_encoder, tiny_model_dir, codec):
     from agrame.index.distributed import RayShardedIndex
@@ -188,14 +201,11 @@ def test_serve_answers_503_for_a_dead_shard_and_partial_on_request(ray_sharded, 
     assert health["format"] == "agrame-sharded/1" and health["passages"] == 20
 
 
-def test_cli_index_on_ray(ray_cluster, tmp_path, tiny_model_dir, coral_file, capsys):
-    from agrame_app.cli import main
+def test_a_build_on_a_cluster_whose_cpus_are_held_is_a_clear_error(ray_sharded, tmp_path, tiny_model_dir, codec):
+    from agrame.index.distributed import ClusterBusyError
 
-    ix = tmp_path / "cli-ray"
-    assert main(["index", "-p", str(coral_file), "-i", str(ix), "-m", str(tiny_model_dir), "--ray",
-                 "--shards", "2", "--workers", "1"]) == 0
-    assert "(2 shards)" in capsys.readouterr().err
-    assert len(ShardedIndex(ix)) == 4
-    assert main(["index", "-p", str(coral_file), "-i", str(tmp_path / "other"), "-m", str(tiny_model_dir), "--ray",
-                 "--resume"]) == 2
-    assert "nothing to resume" in capsys.readouterr().err
+    # The shard actors above hold the cluster's 2 CPUs; an encoder pool sized by the total would wait forever.
+    with pytest.raises(ClusterBusyError, match="no free CPU"):
+        build_with_ray(tiny_model_dir, _corpus(), tmp_path / "busy", codec=codec, progress=False,
+                       resource_wait=2)
+    assert not (tmp_path / "busy").exists()

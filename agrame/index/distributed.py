@@ -74,15 +74,37 @@ def connect(address: Optional[str] = None, *, num_cpus: Optional[int] = None, qu
     return ray
 
 
-def default_workers(ray, workers: Optional[int] = None) -> tuple:
-    """(actors, GPUs per actor, CPUs per actor): one actor per GPU, else one per two CPUs; the CPUs
-    shared evenly among the actors (torch threads per actor = its CPUs)."""
-    resources = ray.cluster_resources()
-    gpus = int(resources.get("GPU", 0))
-    if gpus:
-        return workers or gpus, 1, 1
-    cpus = int(resources.get("CPU", 1))
-    actors = workers or max(1, cpus // 2)
+class ClusterBusyError(ValueError):
+    """The Ray cluster has no free CPU (or GPU) for an encoder actor."""
+
+
+def default_workers(ray, workers: Optional[int] = None, wait: float = 30.0) -> tuple:
+    """(actors, GPUs per actor, CPUs per actor): one actor per free GPU, else one per two free CPUs;
+    the free CPUs shared evenly among the actors (torch threads per actor = its CPUs).
+
+    *Free*, not total: actors that live on (a server's shard actors) keep their CPUs, and an actor
+    pool sized by the total would wait for them forever. Actors that are ending (a previous pool)
+    free theirs within seconds: up to ``wait`` seconds are given for that.
+    """
+    import time
+
+    deadline = time.monotonic() + wait
+    total, free = ray.cluster_resources(), ray.available_resources()
+    want = "GPU" if int(total.get("GPU", 0)) else "CPU"
+    while free.get(want, 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.25)
+        free = ray.available_resources()
+    if int(total.get("GPU", 0)):
+        gpus = int(free.get("GPU", 0))
+        if gpus < 1:
+            raise ClusterBusyError(f"the Ray cluster's {int(total['GPU'])} GPUs are all held by other actors")
+        return min(workers or gpus, gpus), 1, 1
+    cpus = int(free.get("CPU", 0))
+    if cpus < 1:
+        raise ClusterBusyError(f"the Ray cluster has no free CPU ({total.get('CPU', 0):g} in all, "
+                               f"{free.get('CPU', 0):g} free): stop other actors (a running agrame serve "
+                               "--ray holds its shard actors) or add nodes")
+    actors = min(workers or max(1, cpus // 2), cpus)
     return actors, 0, max(1, cpus // actors)
 
 
@@ -203,11 +225,12 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
                    resume: bool = False, codec: Optional[ResidualCodec] = None, seed: int = 0,
                    store_offsets: bool = False, lock_timeout: float = 0.0, progress: bool = True,
                    say: Optional[Callable[[str], None]] = None, crash_once: Optional[str] = None,
-                   on_block: Optional[Callable[[str], None]] = None) -> Path:
+                   on_block: Optional[Callable[[str], None]] = None, resource_wait: float = 30.0) -> Path:
     """Encode ``passages`` on a Ray cluster into an index at ``path`` (``shards`` > 1: a sharded one).
 
     ``model``: what :func:`agrame.encoder.load_encoder` takes (a folder or shipped name; every actor
     loads it). ``codec``: given centroids and buckets (else trained on a sample, on the driver).
+    ``resource_wait``: seconds to wait for a free CPU (GPU) before :class:`ClusterBusyError`.
     Returns ``path``; the stats of the run are in ``build_with_ray.last_stats``.
     """
     ray = connect(address)
@@ -219,6 +242,7 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
     if path.exists() and any(path.iterdir()) and not overwrite and not resume:
         raise IndexFolderError(f"{path} already exists (use --overwrite to replace it)")
     num_shards = shards or 1
+    actors, gpus, cpus = default_workers(ray, workers, resource_wait)  # before anything is written: a busy cluster is refused
     encoder = _encoder(model)
     model_info = model_block(encoder)
     work = WorkFolder(path)
@@ -240,7 +264,6 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
         work.start({"fingerprint": fingerprint, "num_blocks": len(blocks)}, codec, codec_info)
     done = work.done()
     todo = [(s, b, part) for s, b, part in blocks if _key(s, b) not in done]
-    actors, gpus, cpus = default_workers(ray, workers)
     actors = min(actors, max(1, len(todo)))
     stats = {"blocks": len(blocks), "encoded_blocks": len(todo), "resumed_blocks": len(blocks) - len(todo),
              "workers": actors, "gpus_per_worker": gpus, "cpus_per_worker": cpus}
