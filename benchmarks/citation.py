@@ -166,7 +166,7 @@ def bm25_top1(task: Task) -> Dict[str, set]:
 
 def single_vector_top1(task: Task, encoder: SingleVectorEncoder) -> Dict[str, set]:
     p = encoder.encode(task.passages)
-    q = encoder.encode([c.text for c in task.claims])
+    q = encoder.encode_queries([c.text for c in task.claims])
     sims = q @ p.T
     return {c.cid: set(_top(sims[i].tolist(), 1)) for i, c in enumerate(task.claims)}
 

@@ -117,7 +117,9 @@ class MultiVectorCache:
 
 
 class SingleVectorEncoder:
-    """all-MiniLM-L6-v2 as a sentence embedder: mean pooling, unit length (its own recipe), 256 tokens."""
+    """A sentence embedder by its own recipe: mean pooling, unit length. all-MiniLM-L6-v2 (the default;
+    256 tokens) or any Hugging Face folder; ``e5-small``: multilingual-e5-small (agrame.e5) with its
+    "query: " / "passage: " prefixes, 512 tokens, specials in the mean as e5 pools."""
 
     max_length = 256
 
@@ -125,25 +127,41 @@ class SingleVectorEncoder:
         from transformers import AutoModel, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
+        from agrame.encoder import E5_SMALL
+
         hf_logging.set_verbosity_error()
+        self.query_prefix = self.passage_prefix = ""
+        if model_path == E5_SMALL:
+            from agrame.e5 import PASSAGE_PREFIX, QUERY_PREFIX, load_e5
+
+            self.path = E5_SMALL
+            self.model, self.tokenizer = load_e5()
+            self.query_prefix, self.passage_prefix = QUERY_PREFIX + " ", PASSAGE_PREFIX + " "
+            self.max_length = 512
+            return
         path = str(model_path or default_model_path())
         self.path = path
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModel.from_pretrained(path, add_pooling_layer=False).eval()
 
     @torch.inference_mode()
-    def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+    def encode(self, texts: Sequence[str], batch_size: int = 32, query: bool = False) -> np.ndarray:
+        """Passage vectors; ``query=True``: query vectors (they differ where the model has prefixes)."""
+        prefix = self.query_prefix if query else self.passage_prefix
         out = np.zeros((len(texts), self.model.config.hidden_size), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         for b in range(0, len(order), batch_size):
             idx = order[b:b + batch_size]
-            enc = self.tokenizer([texts[i] for i in idx], truncation=True, max_length=self.max_length,
-                                 padding=True, return_tensors="pt")
+            enc = self.tokenizer([prefix + texts[i] for i in idx], truncation=True, max_length=self.max_length,
+                                 padding=True, return_tensors="pt", return_token_type_ids=False)
             hidden = self.model(**enc).last_hidden_state
             mask = enc["attention_mask"].unsqueeze(-1).float()
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             out[idx] = torch.nn.functional.normalize(pooled, dim=-1).numpy()
         return out
+
+    def encode_queries(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        return self.encode(texts, batch_size, query=True)
 
     def fingerprint(self) -> str:
         return "mean-" + hashlib.sha256(self.path.encode()).hexdigest()[:8]

@@ -81,7 +81,7 @@ class Harness:
             encoder = SingleVectorEncoder(self.baseline_model)
             psg = single_vectors(self.texts, f"sv-{self.name}", encoder)
             sent = single_vectors(self.sentences, "sv-sentences", encoder)
-            qv = dict(zip((q for q, _ in queries), encoder.encode([t for _, t in queries])))
+            qv = dict(zip((q for q, _ in queries), encoder.encode_queries([t for _, t in queries])))
 
             def run(qid, text, cands):
                 v = qv[qid]

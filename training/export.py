@@ -1,4 +1,4 @@
-"""Store a model as a delta over MiniLM (agrame.delta), where the package can load it.
+"""Store a model as a delta over its base, MiniLM or e5 (agrame.delta), where the package can load it.
 
     python -m training.export --model runs/students/agrame/final --out runs/export/agrame
     python -m training.export --model … --out agrame/models/NAME      # shipped, --model NAME
@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 from typing import Optional, Sequence
 
-from agrame.delta import DELTA_FILE, export_delta
+from agrame.delta import BASE_E5, BASE_MINILM, DELTA_FILE, export_delta
 from agrame.encoder import load_encoder
 
 LIMIT_MB = 16.0
@@ -25,7 +25,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--model", required=True, help="trained AGRaME checkpoint folder")
     parser.add_argument("--out", required=True, help="delta folder to write (agrame/models/NAME ships it by name)")
     args = parser.parse_args(argv)
-    meta = export_delta(load_encoder(args.model), args.out)
+    encoder = load_encoder(args.model)
+    # e5's backbone keeps the XLM-RoBERTa tokenizer class in its config (agrame.e5.bert_config).
+    e5 = getattr(encoder.backbone.config, "tokenizer_class", None) == "XLMRobertaTokenizer"
+    meta = export_delta(encoder, args.out, base=BASE_E5 if e5 else BASE_MINILM)
     size = (Path(args.out) / DELTA_FILE).stat().st_size / 2**20
     if size > LIMIT_MB:
         raise SystemExit(f"error: the delta is {size:.1f} MB, above the {LIMIT_MB} MB the repository allows")

@@ -1,6 +1,7 @@
 """Untrained MiniLM with a fixed 128-d projection: the zero-shot model at the index's size.
 
     python -m training.projection --out runs/zero-shot-128 [--dim 128 --passages 1024 --seed 0]
+    python -m training.projection --out runs/e5-small-128 --base e5-small   # multilingual-e5-small
     python -m training.projection --out runs/a1-init --like-student runs/train/squad-train.jsonl
 
 (the second: the projection ``training.student`` starts from without ``--init-model`` — the
@@ -24,16 +25,18 @@ from typing import Optional, Sequence
 
 from torch import nn
 
-from agrame.encoder import ZERO_SHOT, Encoder, load_encoder, zero_shot_settings
+from agrame.encoder import E5_SMALL, ZERO_SHOT, Encoder, e5_zero_shot_settings, load_encoder, zero_shot_settings
+
+BASES = {ZERO_SHOT: zero_shot_settings, E5_SMALL: e5_zero_shot_settings}
 
 
-def _projected(texts: Sequence[str], dim: int) -> Encoder:
-    """Zero-shot MiniLM (its query settings) with the projection onto the top ``dim`` (uncentred)
-    singular directions of the token vectors of ``texts``."""
+def _projected(texts: Sequence[str], dim: int, base_name: str = ZERO_SHOT) -> Encoder:
+    """A zero-shot backbone (MiniLM, or e5) with its query settings and the projection onto the top
+    ``dim`` (uncentred) singular directions of the token vectors of ``texts``."""
     from .student import init_projection
 
-    base = load_encoder(ZERO_SHOT)
-    settings = zero_shot_settings()
+    base = load_encoder(base_name)
+    settings = BASES[base_name]()
     settings.dim = dim
     encoder = Encoder(base.backbone, base.tokenizer, settings, nn.Linear(base.dim, dim, bias=False),
                       source="zero-shot-projected")
@@ -41,12 +44,12 @@ def _projected(texts: Sequence[str], dim: int) -> Encoder:
     return encoder
 
 
-def projected_zero_shot(dim: int = 128, passages: int = 1024, seed: int = 0) -> Encoder:
-    """Zero-shot MiniLM with its ``dim`` principal token directions from random SQuAD train paragraphs."""
+def projected_zero_shot(dim: int = 128, passages: int = 1024, seed: int = 0, base: str = ZERO_SHOT) -> Encoder:
+    """A zero-shot model with its ``dim`` principal token directions from random SQuAD train paragraphs."""
     from benchmarks.common import squad_paragraphs
 
     texts = [p["context"] for p in squad_paragraphs("train")]
-    return _projected(random.Random(seed).sample(texts, min(passages, len(texts))), dim)
+    return _projected(random.Random(seed).sample(texts, min(passages, len(texts))), dim, base)
 
 
 def student_start(data: str, dim: int = 128) -> Encoder:
@@ -62,6 +65,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--passages", type=int, default=1024, help="SQuAD train paragraphs for the SVD")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--base", choices=sorted(BASES), default=ZERO_SHOT,
+                        help="backbone: zero-shot MiniLM (default) or multilingual-e5-small")
     parser.add_argument("--like-student", default=None, metavar="DATA",
                         help="the projection training.student starts from with this --data (no --init-model)")
     args = parser.parse_args(argv)
@@ -69,9 +74,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         student_start(args.like_student, args.dim).save(Path(args.out))
         print(f"wrote {args.out}: zero-shot MiniLM with the student's starting projection from {args.like_student}")
         return
-    encoder = projected_zero_shot(args.dim, args.passages, args.seed)
+    encoder = projected_zero_shot(args.dim, args.passages, args.seed, args.base)
     encoder.save(Path(args.out))
-    print(f"wrote {args.out}: zero-shot MiniLM, {args.dim}-d projection from {args.passages} SQuAD train paragraphs")
+    print(f"wrote {args.out}: {args.base}, {args.dim}-d projection from {args.passages} SQuAD train paragraphs")
 
 
 if __name__ == "__main__":

@@ -240,6 +240,8 @@ def model_name(encoder) -> str:
     if source.startswith("zero-shot:"):
         return "zero-shot"
     prefix = source.split(":", 1)[0]
+    if ":" in source and prefix == "e5-small":
+        return prefix
     if ":" in source and prefix in named_models():
         return prefix
     return source
