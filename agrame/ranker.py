@@ -123,6 +123,26 @@ class Ranker:
         both = self.encoder.encode_queries([query], ("Q", marker))  # one forward batch
         return both[0][0].vectors, both[1][0].vectors
 
+    def encode_query_batch(self, queries: Sequence[str], granularity: str = "sentence",
+                           batch_size: int = 32) -> List[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
+        """:meth:`encode_query` for many queries, ``batch_size`` per forward pass (equal to encoding
+        each alone up to float rounding: padded positions are masked out of attention)."""
+        out: List[Tuple[torch.Tensor, Optional[torch.Tensor]]] = []
+        marker = self.encoder.settings.span_query_marker
+        shared = granularity == "passage" or self.encoder.same_query_encoding(marker, "Q")
+        for b in range(0, len(queries), batch_size):
+            chunk = list(queries[b:b + batch_size])
+            for text in chunk:
+                if not isinstance(text, str) or not text.strip():
+                    raise ValueError("query is empty")
+            if shared:
+                encoded = self.encoder.encode_queries(chunk, ("Q",))[0]
+                out += [(e.vectors, None if granularity == "passage" else e.vectors) for e in encoded]
+            else:
+                first, second = self.encoder.encode_queries(chunk, ("Q", marker))
+                out += [(a.vectors, c.vectors) for a, c in zip(first, second)]
+        return out
+
     @staticmethod
     def _span_table(corpus: EncodedCorpus, spans) -> Dict[int, List[Tuple[Tuple[int, int], ...]]]:
         if spans is None:

@@ -175,9 +175,23 @@ def build_parser() -> argparse.ArgumentParser:
         "search", help="rank passages, sentences or stored spans of a whole index for a query",
         description="Search a whole index: centroid-pruned candidates (PLAID), then exact "
                     "late-interaction scores of the survivors' passages, sentences or spans.",
-        epilog="Example: agrame search -i my-index -g sentence 'What causes coral bleaching?'",
+        epilog="Examples: agrame search -i my-index -g sentence 'What causes coral bleaching?'; "
+               "agrame search -i my-index --queries questions.tsv --run out.trec (a query file: TSV "
+               "qid<TAB>text or JSONL {\"id\", \"text\"}; sentences and spans are named PASSAGE#START:END "
+               "in runs, see agrame.runs)",
     )
-    search.add_argument("query", help="the query text")
+    search.add_argument("query", nargs="?", default=None, help="the query text (or --queries FILE)")
+    search.add_argument("--queries", metavar="FILE", default=None,
+                        help="search every query of a TSV (qid<TAB>text) or JSONL ({\"id\", \"text\"}) file, "
+                             "encoded in batches; output: JSONL lines {\"qid\", \"query\", \"results\"} "
+                             "(or a table per query), or a TREC run with --run")
+    search.add_argument("--queries-format", choices=("tsv", "jsonl"), default=None,
+                        help="query file format (default: from the extension, else the content)")
+    search.add_argument("--run", metavar="FILE", default=None,
+                        help="write a TREC run file (qid Q0 docid rank score tag) instead of printing")
+    search.add_argument("--run-tag", default="agrame", help="the run file's tag column (default: agrame)")
+    search.add_argument("--batch-size", type=_positive_int, default=32,
+                        help="queries encoded per forward pass (default: 32)")
     search.add_argument("--index", "-i", required=True, metavar="DIR", help="index folder")
     _add_common(search, ("passage", "sentence", "span"), "sentence")
     search.add_argument("--model", "-m", metavar="PATH", default=None,
@@ -189,6 +203,21 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--ncandidates", type=_positive_int, default=None,
                         help="passages decompressed and scored exactly (default: the index's)")
     search.add_argument("--filter", metavar="JSON", default=None, help=FILTER_HELP)
+
+    evaluate = sub.add_parser(
+        "evaluate", help="score a TREC run file against qrels (ir_measures)",
+        description="Evaluate a run (agrame search --queries … --run) against TREC qrels with ir_measures: "
+                    "mean of each measure over the qrels' queries. Sentence-level qrels name sentences "
+                    "PASSAGE#START:END, as runs do.",
+        epilog="Example: agrame evaluate --run out.trec --qrels dev.qrels --measures 'nDCG@10 R@100 RR@10 P@1'",
+    )
+    evaluate.add_argument("--run", required=True, metavar="FILE", help="TREC run: qid Q0 docid rank score tag")
+    evaluate.add_argument("--qrels", required=True, metavar="FILE", help="TREC qrels: qid 0 docid relevance")
+    evaluate.add_argument("--measures", default="nDCG@10 R@100 RR@10 P@1",
+                          help="ir_measures names, space-separated (default: 'nDCG@10 R@100 RR@10 P@1')")
+    evaluate.add_argument("--per-query", action="store_true", help="also one line per query")
+    evaluate.add_argument("--format", "-f", choices=("table", "jsonl"), default="table",
+                          help="table for reading, jsonl for piping (default: table)")
 
     delete = sub.add_parser(
         "delete", help="delete passages from an index by id or by a metadata filter",
@@ -475,15 +504,78 @@ def _cmd_compact(args) -> int:
 
 
 def _cmd_search(args) -> int:
-    if not args.query.strip():
+    if (args.query is None) == (args.queries is None):
+        raise UsageError("give one query text, or --queries FILE")
+    if args.query is not None and not args.query.strip():
         raise UsageError("the query is empty")
+    if args.query is not None and (args.run or args.queries_format):
+        raise UsageError("--run and --queries-format go with --queries FILE")
     from agrame.index.sharded import open_index
 
     spec = _parse_filter(args.filter)
+    options = dict(exact=args.exact, nprobe=args.nprobe, ncandidates=args.ncandidates, alpha=args.alpha, filter=spec)
+    if args.queries is not None:
+        return _search_batch(args, options)
     index = open_index(args.index, model=args.model)
-    results = index.search(args.query, args.granularity, top_k=args.top_k, exact=args.exact,
-                           nprobe=args.nprobe, ncandidates=args.ncandidates, alpha=args.alpha, filter=spec)
+    results = index.search(args.query, args.granularity, top_k=args.top_k, **options)
     _print_results(results, args.query, args.format)
+    return 0
+
+
+def _search_batch(args, options: dict) -> int:
+    from agrame.index.batch import search_batch
+    from agrame.index.sharded import open_index
+    from agrame.runs import read_queries, write_run
+
+    if not args.run_tag.strip() or any(c.isspace() or c in "#%" for c in args.run_tag):
+        raise UsageError(f"--run-tag {args.run_tag!r}: one word without '#' or '%'")
+    queries = read_queries(args.queries, args.queries_format)  # bad lines fail before the model loads
+    index = open_index(args.index, model=args.model)
+    texts = dict(queries)
+    results = search_batch(index, queries, args.granularity, args.top_k, batch_size=args.batch_size,
+                           progress=True, **options)
+    if args.run:
+        from agrame.runs import atomic_text_file
+
+        with atomic_text_file(args.run) as out:  # a run file is whole or absent
+            for qid, hits in results:
+                write_run(out, qid, hits, args.granularity, args.run_tag)
+        print(f"wrote {args.run}: {len(queries)} queries, top {args.top_k} {args.granularity}s each", file=sys.stderr)
+        return 0
+    for qid, hits in results:
+        if args.format == "jsonl":
+            record = {"qid": qid, "query": texts[qid],
+                      "results": [{**h._asdict(), "pieces": [list(p) for p in h.pieces]} for h in hits]}
+            sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
+        else:
+            sys.stdout.write(f"== {printable(qid)}: {printable(texts[qid])}\n")
+            _print_results(hits, texts[qid], "table")
+    return 0
+
+
+def _cmd_evaluate(args) -> int:
+    from agrame.evaluation import evaluate, parse_measures
+    from agrame.runs import read_qrels, read_run
+
+    measures = args.measures.split()
+    if not measures:
+        raise UsageError("--measures is empty")
+    parse_measures(measures)  # an unknown measure fails before the files are read
+    run, qrels = read_run(args.run), read_qrels(args.qrels)
+    mean, per = evaluate(run, qrels, measures, per_query=True)
+    if args.format == "jsonl":
+        if args.per_query:
+            for qid, values in per.items():
+                sys.stdout.write(json.dumps({"qid": qid, **values}) + "\n")
+        sys.stdout.write(json.dumps({"qid": "all", "queries": len(per), **mean}) + "\n")
+        return 0
+    width = max(len(m) for m in measures)
+    if args.per_query:
+        for qid, values in per.items():
+            sys.stdout.write(printable(qid) + "  " + "  ".join(f"{m}={v:.4f}" for m, v in values.items()) + "\n")
+    sys.stdout.write(f"{len(per)} queries ({sum(q in run for q in qrels)} in the run)\n")
+    for m in measures:
+        sys.stdout.write(f"{m:<{width}}  {mean[m]:.4f}\n")
     return 0
 
 
@@ -626,7 +718,8 @@ def _check_arguments(args) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"rank": _cmd_rank, "index": _cmd_index, "search": _cmd_search, "delete": _cmd_delete,
+    handlers = {"rank": _cmd_rank, "index": _cmd_index, "search": _cmd_search, "evaluate": _cmd_evaluate,
+                "delete": _cmd_delete,
                 "compact": _cmd_compact, "explain": _cmd_explain, "serve": _cmd_serve, "cite": _cmd_cite}
     try:
         _check_arguments(args)

@@ -509,6 +509,11 @@ class RayShardedIndex(ShardedWrites, BaseIndex):
         if filter is not None:
             parse_filter(filter)
         q, s = self.encode_query(query, granularity)
+        return self.search_vectors(q, s, granularity, top_k, filter=filter, allow_partial=allow_partial, **options)
+
+    def search_vectors(self, q, s, granularity: str = "sentence", top_k: Optional[int] = 10, *,
+                       filter: Optional[Mapping] = None, allow_partial: bool = False, **options) -> SearchResults:
+        """:meth:`search` with the query already encoded (batch search encodes many at once)."""
         qn = q.numpy()
         sn = None if s is None else s.numpy()
         refs = {i: a.search_vectors.remote(qn, sn, granularity, top_k, filter, options)

@@ -1,0 +1,206 @@
+"""Query files, TREC run files and qrels: what batch search reads and writes, and evaluation reads.
+
+**Document ids in runs and qrels.** A passage is its id; a sentence or span is its passage's id,
+``#``, and its character span ``start:end`` (end exclusive, as ``ScoredSpan``), pieces joined by
+``,``::
+
+    doc-7              the passage "doc-7"
+    doc-7#120:188      characters 120–188 of doc-7 (a sentence)
+    doc-7#0:11,20:24   a span of two pieces
+
+TREC columns are separated by whitespace, so the characters ``%``, ``#`` and whitespace inside a
+passage id are percent-encoded (``my doc#1`` → ``my%20doc%231``); every other id is written as it
+is. :func:`parse_docid` reverses both steps.
+
+A run line is ``qid Q0 docid rank score tag`` (rank from 1); a qrels line ``qid 0 docid relevance``.
+A query file is TSV (``qid<TAB>text``) or JSONL (``{"id": …, "text": …}``), one query a line.
+Every reader names the file and line of the first bad one (:class:`RunFileError`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, TextIO, Tuple
+
+from .ranker import ScoredSpan
+
+#: Characters of a passage id that TREC columns cannot carry as they are.
+_ESCAPE = re.compile(r"[%#\s]")
+_UNESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+_PIECE = re.compile(r"(\d+):(\d+)")
+
+
+class RunFileError(ValueError):
+    """A query file, run file or qrels file that cannot be read (file, line and what is wrong)."""
+
+
+def _escape(passage_id: str) -> str:
+    return _ESCAPE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode("utf-8")), passage_id)
+
+
+def _unescape(text: str) -> str:
+    raw = _UNESCAPE.sub(lambda m: f"\x00{m.group(1)}", text)
+    if "\x00" not in raw:
+        return text
+    out, parts = bytearray(), raw.split("\x00")
+    out += parts[0].encode("utf-8")
+    for part in parts[1:]:
+        out.append(int(part[:2], 16))
+        out += part[2:].encode("utf-8")
+    return out.decode("utf-8", errors="strict")
+
+
+def docid(hit: ScoredSpan, granularity: str) -> str:
+    """The run-file id of a hit (see the module's documentation)."""
+    pid = _escape(hit.passage_id)
+    if granularity == "passage":
+        return pid
+    pieces = hit.pieces or ((hit.start, hit.end),)
+    return pid + "#" + ",".join(f"{a}:{b}" for a, b in pieces)
+
+
+def parse_docid(text: str) -> Tuple[str, Tuple[Tuple[int, int], ...]]:
+    """``(passage_id, pieces)``; ``pieces`` is empty for a passage."""
+    pid, sep, span = text.partition("#")
+    if not sep:
+        return _unescape(pid), ()
+    pieces = []
+    for piece in span.split(","):
+        m = _PIECE.fullmatch(piece)
+        if not m or int(m.group(1)) > int(m.group(2)):
+            raise ValueError(f"document id {text!r}: span {piece!r} is not START:END")
+        pieces.append((int(m.group(1)), int(m.group(2))))
+    return _unescape(pid), tuple(pieces)
+
+
+def write_run(out: TextIO, qid: str, hits: Sequence[ScoredSpan], granularity: str, tag: str = "agrame") -> None:
+    """Append one query's hits as TREC run lines."""
+    if _ESCAPE.search(qid) or _ESCAPE.search(tag):
+        raise ValueError(f"query id {qid!r} / tag {tag!r}: TREC columns cannot hold whitespace, '#' or '%'")
+    for rank, hit in enumerate(hits, 1):
+        out.write(f"{qid} Q0 {docid(hit, granularity)} {rank} {hit.score:.6f} {tag}\n")
+
+
+@contextlib.contextmanager
+def atomic_text_file(path: str | Path):
+    """Write a text file under a temporary name and rename it into place when the block ends
+    without an error: a run file is whole or absent (``-``: standard output)."""
+    if str(path) == "-":
+        yield sys.stdout
+        return
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as out:
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _lines(path: str | Path) -> Iterable[Tuple[int, str]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                yield n, line.rstrip("\n").rstrip("\r")
+    except UnicodeDecodeError as exc:
+        raise RunFileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def read_queries(path: str | Path, fmt: Optional[str] = None) -> List[Tuple[str, str]]:
+    """``[(qid, text)]`` of a TSV or JSONL query file (``fmt``: "tsv" / "jsonl", else from the
+    extension, else from the first line)."""
+    out: List[Tuple[str, str]] = []
+    seen: Dict[str, int] = {}
+    name = str(path)
+    if fmt is None:
+        fmt = "jsonl" if name.endswith((".jsonl", ".json")) else "tsv" if name.endswith((".tsv", ".txt")) else None
+    for n, line in _lines(path):
+        if not line.strip():
+            continue
+        where = f"{name}:{n}"
+        if fmt is None:
+            fmt = "jsonl" if line.lstrip().startswith("{") else "tsv"
+        if fmt == "jsonl":
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise RunFileError(f"{where}: not valid JSON ({exc.msg})") from None
+            if not isinstance(record, dict):
+                raise RunFileError(f"{where}: expected a JSON object with 'id' and 'text'")
+            for field in ("id", "text"):
+                if field not in record:
+                    raise RunFileError(f"{where}: field {field!r} is missing")
+            qid, text = record["id"], record["text"]
+            if isinstance(qid, int) and not isinstance(qid, bool):
+                qid = str(qid)
+            if not isinstance(qid, str):
+                raise RunFileError(f"{where}: field 'id': expected a string or integer, got {type(qid).__name__}")
+            if not isinstance(text, str):
+                raise RunFileError(f"{where}: field 'text': expected a string, got {type(text).__name__}")
+        else:
+            qid, tab, text = line.partition("\t")
+            if not tab:
+                raise RunFileError(f"{where}: expected 'qid<TAB>query text' (no tab on this line)")
+        qid = qid.strip()
+        if not qid:
+            raise RunFileError(f"{where}: the query id is empty")
+        if _ESCAPE.search(qid):
+            raise RunFileError(f"{where}: query id {qid!r} holds whitespace, '#' or '%' (run files cannot)")
+        if not text.strip():
+            raise RunFileError(f"{where}: query {qid!r} is empty")
+        if qid in seen:
+            raise RunFileError(f"{where}: query id {qid!r} repeats line {seen[qid]}")
+        seen[qid] = n
+        out.append((qid, text))
+    if not out:
+        raise RunFileError(f"{name}: no queries")
+    return out
+
+
+def read_run(path: str | Path) -> Dict[str, Dict[str, float]]:
+    """``{qid: {docid: score}}`` of a TREC run file."""
+    run: Dict[str, Dict[str, float]] = {}
+    for n, line in _lines(path):
+        if not line.strip():
+            continue
+        cols = line.split()
+        if len(cols) != 6:
+            raise RunFileError(f"{path}:{n}: expected 6 columns 'qid Q0 docid rank score tag', got {len(cols)}")
+        qid, _, doc, rank, score, _ = cols
+        try:
+            int(rank)
+            value = float(score)
+        except ValueError:
+            raise RunFileError(f"{path}:{n}: rank {rank!r} / score {score!r} are not numbers") from None
+        run.setdefault(qid, {})[doc] = value
+    if not run:
+        raise RunFileError(f"{path}: no run lines")
+    return run
+
+
+def read_qrels(path: str | Path) -> Dict[str, Dict[str, int]]:
+    """``{qid: {docid: relevance}}`` of a TREC qrels file."""
+    qrels: Dict[str, Dict[str, int]] = {}
+    for n, line in _lines(path):
+        if not line.strip():
+            continue
+        cols = line.split()
+        if len(cols) != 4:
+            raise RunFileError(f"{path}:{n}: expected 4 columns 'qid 0 docid relevance', got {len(cols)}")
+        try:
+            rel = int(cols[3])
+        except ValueError:
+            raise RunFileError(f"{path}:{n}: relevance {cols[3]!r} is not an integer") from None
+        qrels.setdefault(cols[0], {})[cols[2]] = rel
+    if not qrels:
+        raise RunFileError(f"{path}: no qrels lines")
+    return qrels
