@@ -573,8 +573,60 @@ def _load_colbert(path: Path) -> Encoder:
     return Encoder(backbone, tokenizer, settings, projection, source=str(path))
 
 
+def _is_pylate(path: Path) -> bool:
+    modules = path / "modules.json"
+    if not modules.exists():
+        return False
+    try:
+        return any("pylate" in str(m.get("type", "")) for m in json.loads(modules.read_text()))
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise ModelError(f"{modules}: not a list of modules: {exc}") from None
+
+
+def _load_pylate(path: Path) -> Encoder:
+    """A PyLate checkpoint (sentence-transformers layout): the backbone at the root, the bias-free
+    linear layer in the Dense module, ColBERT settings in ``config_sentence_transformers.json``."""
+    from safetensors.torch import load_file
+
+    modules = json.loads((path / "modules.json").read_text())
+    dense = [m for m in modules if "Dense" in str(m.get("type", ""))]
+    if len(dense) != 1:
+        raise ModelError(f"{path}: expected one Dense module in modules.json, found {len(dense)}")
+    folder = path / dense[0].get("path", "1_Dense")
+    weights = folder / "model.safetensors"
+    if weights.exists():
+        tensors = load_file(str(weights))
+    elif (folder / "pytorch_model.bin").exists():
+        tensors = torch.load(str(folder / "pytorch_model.bin"), map_location="cpu", weights_only=True)
+    else:
+        raise ModelError(f"{folder}: no model.safetensors or pytorch_model.bin")
+    linear = tensors.get("linear.weight")
+    if linear is None or linear.dim() != 2:
+        raise ModelError(f"{folder}: no 'linear.weight' matrix")
+    if any(k.startswith("linear.bias") for k in tensors):
+        raise ModelError(f"{folder}: a Dense layer with a bias is not a ColBERT projection")
+    try:
+        config = json.loads((path / "config_sentence_transformers.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelError(f"{path}: config_sentence_transformers.json unreadable: {exc}") from None
+    settings = EncoderSettings(
+        dim=int(linear.shape[0]), query_maxlen=int(config.get("query_length") or 32),
+        doc_maxlen=int(config.get("document_length") or 180),
+        markers={"Q": config.get("query_prefix") or "[unused0]", "D": config.get("document_prefix") or "[unused1]",
+                 "Q'": None},
+        span_query_marker="Q",  # a PyLate model never saw [Q']
+        mask_punctuation=bool(config.get("skiplist_words", True)),
+        query_augmentation=True,  # PyLate pads queries to query_length
+        attend_to_mask_tokens=bool(config.get("attend_to_expansion_tokens", False)))
+    settings.doc_overlap = min(settings.doc_overlap, max(0, settings.doc_maxlen // 4))
+    backbone, tokenizer = _load_backbone(path)
+    projection = nn.Linear(linear.shape[1], linear.shape[0], bias=False)
+    projection.weight.data.copy_(linear)
+    return Encoder(backbone, tokenizer, settings, projection, source=str(path))
+
+
 def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder:
-    """Load a model folder: AGRaME checkpoint, Stanford ColBERT checkpoint or plain HF model.
+    """Load a model folder: AGRaME checkpoint, Stanford ColBERT or PyLate checkpoint, or plain HF model.
 
     ``None`` loads the default model: a trained AGRaME delta exported to
     ``agrame/models/default`` when present (rebuilt on the installed MiniLM and verified by
@@ -638,8 +690,10 @@ def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder
         return Encoder(backbone, tokenizer, settings, projection, source=str(path)).to(device)
     if _is_colbert(path):
         return _load_colbert(path).to(device)
+    if _is_pylate(path):
+        return _load_pylate(path).to(device)
     if (path / "config.json").exists():
         backbone, tokenizer = _load_backbone(path)
         return Encoder(backbone, tokenizer, zero_shot_settings(), None, source=str(path)).to(device)
     raise ModelError(f"{path} is not a model folder: expected {SETTINGS_FILE} (AGRaME), "
-                     "artifact.metadata (ColBERT) or config.json (Hugging Face)")
+                     "artifact.metadata (ColBERT), modules.json (PyLate) or config.json (Hugging Face)")

@@ -219,6 +219,18 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--format", "-f", choices=("table", "jsonl"), default="table",
                           help="table for reading, jsonl for piping (default: table)")
 
+    export = sub.add_parser(
+        "export", help="write a model as a Stanford ColBERT (colbert-ai) or PyLate checkpoint",
+        description="Export a model for colbert-ai 0.2.22 (--format stanford) or PyLate (--format pylate). "
+                    "Both insert [Q]/[D] markers and pad queries with [MASK]; what the exported model does "
+                    "differently from AGRaME is printed (and recorded in the folder).",
+        epilog="Example: agrame export --model squad-a1 --format stanford exported/squad-a1-colbert",
+    )
+    export.add_argument("out", metavar="OUT", help="folder to write (must not exist, or be empty)")
+    export.add_argument("--model", "-m", metavar="PATH", default=None,
+                        help="model folder or shipped name (default: the package default)")
+    export.add_argument("--format", choices=("stanford", "pylate"), required=True, help="checkpoint format")
+
     delete = sub.add_parser(
         "delete", help="delete passages from an index by id or by a metadata filter",
         description="Delete passages (tombstones committed as a new generation; ids are never renumbered). "
@@ -579,6 +591,18 @@ def _cmd_evaluate(args) -> int:
     return 0
 
 
+def _cmd_export(args) -> int:
+    from agrame.encoder import load_encoder
+    from agrame.export import compatibility, export
+
+    encoder = load_encoder(args.model)
+    path = export(encoder, args.out, args.format)
+    print(f"wrote {path}: {encoder.source} as a {args.format} checkpoint ({encoder.dim}-d)", file=sys.stderr)
+    for note in compatibility(encoder):
+        print(f"  differs from AGRaME: {note}", file=sys.stderr)
+    return 0
+
+
 def _cmd_serve(args) -> int:
     try:
         import uvicorn
@@ -719,7 +743,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handlers = {"rank": _cmd_rank, "index": _cmd_index, "search": _cmd_search, "evaluate": _cmd_evaluate,
-                "delete": _cmd_delete,
+                "export": _cmd_export, "delete": _cmd_delete,
                 "compact": _cmd_compact, "explain": _cmd_explain, "serve": _cmd_serve, "cite": _cmd_cite}
     try:
         _check_arguments(args)
