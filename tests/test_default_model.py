@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,3 +128,18 @@ def test_unmarked_student_ranks_passages_as_zero_shot(tmp_path):
         assert (q.shape == z.shape and torch.allclose(q, z, atol=1e-5)) == same
         assert torch.allclose(loaded.encode_passages([passage])[0].vectors,
                               zero_shot.encode_passages([passage])[0].vectors, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_rag_quickstart_example_retrieves_and_cites(tmp_path):
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "rag_quickstart.py"
+    out = subprocess.run([sys.executable, str(example), "--index", str(tmp_path)], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "indexed 7 passages" in out.stdout
+    first = [line for line in out.stdout.splitlines() if line.strip().startswith("1. [")][0]
+    assert "curie-early-life" in first and "Warsaw" in first  # the birthplace sentence ranks first
+    assert "→ curie-early-life" in out.stdout and "→ curie-chemistry" in out.stdout
