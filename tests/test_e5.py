@@ -98,3 +98,22 @@ def test_e5_as_a_multi_vector_encoder(tmp_path):
     assert manifest["model"]["name"] == E5_SMALL
     hits = Index(path).search("Who built the Eiffel Tower?", "sentence", top_k=1)
     assert hits[0].passage_id == "b"
+
+
+def test_e5_teacher_scores_every_passage_and_sentence(e5):
+    from training.e5_teacher import TEMPERATURE, E5Teacher, agreement, scored
+
+    text = "Corals expel algae when the water is too warm. Reefs cover little of the ocean floor."
+    record = {"question": "why do corals bleach?", "passages": [
+        {"text": text, "sentences": [[0, 46], [47, 85]], "positive": True, "answer_sentences": [0]},
+        {"text": "The Eiffel Tower was built in 1889.", "sentences": [[0, 35]], "positive": False,
+         "answer_sentences": []}]}
+    teacher = E5Teacher(loaded=e5)
+    assert teacher.marked(text, (47, 85)).startswith(text[:47] + "$ Reefs")
+    [out] = list(scored([json.loads(json.dumps(record))], "text", teacher))
+    gold, other = out["passages"]
+    assert len(gold["teacher_sentences"]) == 2 and len(other["teacher_sentences"]) == 1
+    assert gold["teacher"] > other["teacher"] and gold["teacher_sentences"][0] > gold["teacher_sentences"][1]
+    assert abs(gold["teacher"]) <= 1 / TEMPERATURE + 1e-3  # a cosine over τ
+    result = agreement([record], teacher=teacher)
+    assert result["records"] == 1 and result["passage_p1"] == 100.0 and set(result["sentence_p1"]) == {"text", "marked"}

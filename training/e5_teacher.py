@@ -1,0 +1,123 @@
+"""multilingual-e5-small as the teacher of the multi-granular KL recipe (issue 30).
+
+e5 is the only retrieval-trained encoder reachable here (``agrame.e5``). As a teacher it gives
+every training record's passages and sentences a logit from its single vectors:
+
+* passage: cos(query: q, passage: p) / τ;
+* sentence, ``--sentence-mode text``: cos(query: q, passage: s) / τ, the sentence encoded alone;
+  ``marked``: the passage with the sentence wrapped in ``$ … $`` (as the marked cross-encoder
+  teacher sees it), so the sentence keeps its context.
+
+τ = 0.01 is e5's own training temperature (its contrastive loss), so the logits have the spread e5
+learnt to rank with. Which sentence mode agrees better with gold answer sentences is chosen on
+*held-out SQuAD train* records (``choose``), never on a reported split.
+
+    python -m training.e5_teacher choose --data runs/big/heldout.jsonl --limit 500
+    python -m training.e5_teacher score --data runs/big/train.jsonl --out runs/big/train-e5.jsonl \
+        --sentence-mode text
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+TEMPERATURE = 0.01
+MODES = ("text", "marked")
+
+
+class E5Teacher:
+    def __init__(self, batch_size: int = 32, loaded=None):
+        from agrame.e5 import PASSAGE_PREFIX, QUERY_PREFIX, load_e5
+
+        self.model, self.tokenizer = loaded or load_e5()
+        self.query_prefix, self.passage_prefix = QUERY_PREFIX, PASSAGE_PREFIX
+        self.batch_size = batch_size
+
+    def _embed(self, texts: Sequence[str], prefix: str) -> np.ndarray:
+        from agrame.e5 import embed
+
+        return embed(self.model, self.tokenizer, list(texts), prefix, batch_size=self.batch_size)
+
+    @staticmethod
+    def marked(text: str, span: Sequence[int]) -> str:
+        a, b = span
+        return f"{text[:a]}$ {text[a:b]} ${text[b:]}"
+
+    def scores(self, record: dict, mode: str = "text") -> Dict[str, list]:
+        """``{"passages": [logit per passage], "sentences": [[logit per sentence] per passage]}``."""
+        if mode not in MODES:
+            raise ValueError(f"unknown sentence mode {mode!r}; choose one of {', '.join(MODES)}")
+        q = self._embed([record["question"]], self.query_prefix)[0]
+        passages = record["passages"]
+        p = self._embed([x["text"] for x in passages], self.passage_prefix)
+        units = [(x["text"][a:b] if mode == "text" else self.marked(x["text"], (a, b)))
+                 for x in passages for a, b in x["sentences"]]
+        s = self._embed(units, self.passage_prefix) if units else np.zeros((0, len(q)), np.float32)
+        sent_logits = (s @ q / TEMPERATURE).tolist()
+        out, first = [], 0
+        for x in passages:
+            out.append(sent_logits[first:first + len(x["sentences"])])
+            first += len(x["sentences"])
+        return {"passages": (p @ q / TEMPERATURE).tolist(), "sentences": out}
+
+
+def scored(records: Sequence[dict], mode: str, teacher: Optional[E5Teacher] = None) -> Iterator[dict]:
+    """Each record with ``teacher`` / ``teacher_sentences`` logits (the fields the student reads)."""
+    from tqdm import tqdm
+
+    teacher = teacher or E5Teacher()
+    for r in tqdm(records, desc=f"e5 teacher ({mode})", disable=None):
+        s = teacher.scores(r, mode)
+        for p, score, sentences in zip(r["passages"], s["passages"], s["sentences"]):
+            p["teacher"] = round(score, 4)
+            p["teacher_sentences"] = [round(x, 4) for x in sentences]
+        yield r
+
+
+def agreement(records: Sequence[dict], modes: Sequence[str] = MODES, teacher: Optional[E5Teacher] = None) -> dict:
+    """Per mode, how often the top sentence of the gold paragraph is an answer sentence (sentence
+    P@1), and passage P@1 among the record's passages, over records with a gold answer sentence."""
+    teacher = teacher or E5Teacher()
+    hits: Dict[str, List[float]] = {m: [] for m in modes}
+    passage_hits: List[float] = []
+    for r in records:
+        gold = [i for i, p in enumerate(r["passages"]) if p.get("positive")]
+        if not gold or not r["passages"][gold[0]].get("answer_sentences"):
+            continue
+        g = gold[0]
+        for m in modes:
+            s = teacher.scores(r, m)
+            hits[m].append(float(int(np.argmax(s["sentences"][g])) in r["passages"][g]["answer_sentences"]))
+            if m == modes[0]:
+                passage_hits.append(float(int(np.argmax(s["passages"])) in gold))
+    return {"records": len(passage_hits), "passage_p1": round(100 * float(np.mean(passage_hits)), 1),
+            "sentence_p1": {m: round(100 * float(np.mean(v)), 1) for m, v in hits.items()},
+            "chosen": max(modes, key=lambda m: np.mean(hits[m]))}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    from .data import read, write_jsonl
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("choose", help="sentence mode that agrees better with gold sentences (held-out train data)")
+    s = sub.add_parser("score", help="e5 logits for every passage and sentence of a training file")
+    s.add_argument("--out", required=True)
+    s.add_argument("--sentence-mode", choices=MODES, required=True)
+    for p in (c, s):
+        p.add_argument("--data", required=True, help="JSONL from python -m training.data (train questions only)")
+        p.add_argument("--limit", type=int, default=None)
+    args = parser.parse_args(argv)
+    records = read(args.data)[: args.limit]
+    if args.command == "choose":
+        print(json.dumps(agreement(records), indent=1))
+        return
+    print(f"wrote {write_jsonl(scored(records, args.sentence_mode), args.out)} records to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
