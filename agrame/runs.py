@@ -150,6 +150,11 @@ def read_queries(path: str | Path, fmt: Optional[str] = None) -> List[Tuple[str,
             qid, tab, text = line.partition("\t")
             if not tab:
                 raise RunFileError(f"{where}: expected 'qid<TAB>query text' (no tab on this line)")
+        for field, value in (("id", qid), ("text", text)):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:  # JSON "\ud800": a lone surrogate no tokenizer or file can take
+                raise RunFileError(f"{where}: field {field!r}: not valid Unicode text ({ascii(value)[:40]})") from None
         qid = qid.strip()
         if not qid:
             raise RunFileError(f"{where}: the query id is empty")

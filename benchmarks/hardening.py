@@ -109,7 +109,11 @@ def valid_case(rng: random.Random, index: Path, model: Path, files: Dict[str, Pa
              ["explain", "-q", "coral", "-i", i, "--id", "p1"], ["delete", "-i", i, "--missing", "ok", "nope"],
              ["index", "--upsert", "-p", str(files["jsonl2"]), "-i", i], ["compact", "-i", i],
              ["index", "-p", str(files["jsonl2"]), "-i", str(index.parent / "other"), "-m", m, "--overwrite"],
-             ["cite", "-a", str(files["txt"]), "-p", str(files["txt"]), "-m", m]]
+             ["cite", "-a", str(files["txt"]), "-p", str(files["txt"]), "-m", m],
+             ["search", "-i", i, "--queries", str(files["queries.tsv"]), "--run", str(index.parent / "run.trec")],
+             ["search", "-i", i, "--queries", str(files["queries.jsonl"]), "-f", "jsonl", "-g", "passage"],
+             ["evaluate", "--run", str(files["trec"]), "--qrels", str(files["qrels"]), "--measures", "P@1 nDCG@10"],
+             ["export", "-m", m, "--format", "pylate", str(index.parent / "exported")]]
     argv = list(rng.choice(cases))
     if rng.random() < 0.7:
         k = rng.randrange(1, len(argv))
@@ -123,13 +127,20 @@ def cli_case(rng: random.Random, index: Path, model: Path, files: Dict[str, Path
         return valid_case(rng, index, model, files)
     word = lambda: rng.choice(NASTY + ["reef", "coral bleaching", "p1", str(rng.randint(-2, 200))])  # noqa: E731
     place = lambda: str(rng.choice([index, model, *files.values(), index / "nope", files["jsonl"] / "sub"]))  # noqa: E731
-    command = rng.choice(["rank", "index", "search", "delete", "compact", "explain", "cite", "bogus"])
+    command = rng.choice(["rank", "index", "search", "delete", "compact", "explain", "cite", "evaluate", "export",
+                          "bogus"])
     argv = [command]
     options = {
         "rank": [["-q", word()], ["-p", place()], ["-g", word()], ["-k", word()], ["--alpha", word()]],
         "index": [["-p", place()], ["-i", place()], ["--add"], ["--upsert"], ["--overwrite"], ["--nbits", word()],
                   ["--lock-timeout", word()]],
-        "search": [[word()], ["-i", place()], ["--filter", word()], ["-k", word()], ["-g", word()], ["-f", word()]],
+        "search": [[word()], ["-i", place()], ["--filter", word()], ["-k", word()], ["-g", word()], ["-f", word()],
+                   ["--queries", place()], ["--run", str(index.parent / f"run-{rng.randint(0, 9)}.trec")],
+                   ["--run-tag", word()], ["--batch-size", word()]],
+        "evaluate": [["--run", place()], ["--qrels", place()], ["--measures", word()], ["-f", word()]],
+        "export": [[str(index.parent / f"export-{rng.randint(0, 9)}")], ["--format", rng.choice(["stanford", "pylate",
+                                                                                                  word()])],
+                   ["-m", rng.choice([str(model), word()])]],
         "delete": [[word()], ["-i", place()], ["--ids-file", place()], ["--filter", word()], ["--missing", word()]],
         "compact": [["-i", place()], ["--lock-timeout", word()]],
         "explain": [["-q", word()], ["-i", place()], ["--id", word()], ["-p", place()]],
@@ -200,6 +211,10 @@ def _files(folder: Path, rng: random.Random) -> Dict[str, Path]:
         "txt": "Marie Curie was born in Warsaw.\n\u202e evil \x1b[2J\n".encode(),
         "jsonl2": b'{"id": "p1", "text": "Reefs grow slowly.", "metadata": {"k": 1}}\n',
         "ids": b"p1\np9\n\xff\n",
+        "queries.tsv": b"q1\tcoral reef\nq2\tWarsaw\n",
+        "queries.jsonl": b'{"id": "q1", "text": "reef"}\n{"id": 2, "text": "\\ud800"}\n',
+        "trec": b"q1 Q0 p1 1 2.5 t\nq1 Q0 p1#0:18 2 1.0 t\nq2 Q0 p9 1 0.5 t\n",
+        "qrels": b"q1 0 p1 1\nq2 0 p2 1\n",
     }
     for name, data in contents.items():
         path = folder / f"input.{name}"

@@ -165,3 +165,10 @@ def test_cli_bad_input_exits_2_naming_the_problem(tmp_path, index, capsys):
     assert main(["evaluate", "--run", str(run), "--qrels", str(qrels), "--measures", "nDCG@10 Bogus@3"]) == 2
     assert "unknown measure 'Bogus@3'" in capsys.readouterr().err
     assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_query_files_with_lone_surrogates_are_refused(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"id": "a", "text": "x"}\n{"id": "b", "text": "bad \\ud800"}\n')
+    with pytest.raises(RunFileError, match=r"q.jsonl:2: field 'text': not valid Unicode"):
+        read_queries(path)
