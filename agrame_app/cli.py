@@ -83,9 +83,9 @@ def _default_model_help() -> str:
 
 
 def _model_names() -> str:
-    from agrame.encoder import named_models
+    from agrame.encoder import BASE_MODELS, named_models
 
-    return ", ".join(["zero-shot", *named_models()])
+    return ", ".join([*BASE_MODELS, *named_models()])
 
 
 _DEFAULT_MODEL = _default_model_help()
