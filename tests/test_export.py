@@ -99,3 +99,20 @@ def test_cli_export(tmp_path, tiny_model_dir, capsys):
     assert (out / "1_Dense" / "model.safetensors").exists() and "differs from AGRaME" in capsys.readouterr().err
     assert main(["export", "--model", str(tiny_model_dir), "--format", "pylate", str(out)]) == 2
     assert "not empty" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_shipped_model_encodes_alike_in_colbert_ai_and_pylate(tmp_path):
+    from colbert.infra import ColBERTConfig
+    from colbert.modeling.checkpoint import Checkpoint
+    from pylate import models
+
+    encoder = load_encoder("squad-a1")
+    st, pl = export(encoder, tmp_path / "st", "stanford"), export(encoder, tmp_path / "pl", "pylate")
+    ours = [_colbert_order(e.vectors) for e in encoder.encode_passages(TEXTS)]
+    flat, lengths = Checkpoint(str(st), colbert_config=ColBERTConfig()).docFromText(TEXTS, bsize=8,
+                                                                                     keep_dims="flatten")
+    pylate_docs = models.ColBERT(model_name_or_path=str(pl), device="cpu").encode(TEXTS, is_query=False)
+    for a, b, c in zip(torch.split(flat.float(), lengths), pylate_docs, ours):
+        assert a.shape == c.shape and (a * c).sum(-1).min() > 0.999
+        assert b.shape == tuple(c.shape) and (torch.from_numpy(b) * c).sum(-1).min() > 0.999
