@@ -340,6 +340,7 @@ TRAINED_ROWS = [  # (method, tag or None for any, row name)
     ("colbert-zeroshot-sent", None, "zero-shot MiniLM, sentences encoded alone"),
     ("colbert-zeroshot-psg", "zeroshot", "**zero-shot MiniLM**, passage-level encoding (the default)"),
     ("colbert-zeroshot-psg", "zeroshot-128", "zero-shot MiniLM with a 128-d principal projection (`zero-shot-128`)"),
+    ("colbert-zeroshot-psg", "e5-small-quick", "zero-shot multilingual-e5-small (`e5-small`), passage-level encoding"),
     ("colbert-zeroshot-psg", "colbert", "passage loss only (ColBERT), [Q]"),
     ("colbert-zeroshot-psg", "agrame-A1", "AGRaME A1 (`squad-a1`, the default before issue 13): train and rank [Q']"),
     ("colbert-zeroshot-psg", "agrame-A1-sigmoid", "AGRaME A1 with σ passage weights (shipped: softmax)"),
