@@ -566,6 +566,12 @@ def _load_colbert(path: Path) -> Encoder:
         mask_punctuation=bool(meta.get("mask_punctuation", True)),
         attend_to_mask_tokens=bool(meta.get("attend_to_mask_tokens", False)),
     )
+    return _with_linear(path, settings, linear, backbone_state)
+
+
+def _with_linear(path: Path, settings: EncoderSettings, linear: torch.Tensor,
+                 backbone_state: Optional[dict] = None) -> Encoder:
+    """A ColBERT-style checkpoint (Stanford or PyLate): its backbone with ``linear`` as the projection."""
     settings.doc_overlap = min(settings.doc_overlap, max(0, settings.doc_maxlen // 4))
     backbone, tokenizer = _load_backbone(path, backbone_state)
     projection = nn.Linear(linear.shape[1], linear.shape[0], bias=False)
@@ -586,20 +592,12 @@ def _is_pylate(path: Path) -> bool:
 def _load_pylate(path: Path) -> Encoder:
     """A PyLate checkpoint (sentence-transformers layout): the backbone at the root, the bias-free
     linear layer in the Dense module, ColBERT settings in ``config_sentence_transformers.json``."""
-    from safetensors.torch import load_file
-
     modules = json.loads((path / "modules.json").read_text())
     dense = [m for m in modules if "Dense" in str(m.get("type", ""))]
     if len(dense) != 1:
         raise ModelError(f"{path}: expected one Dense module in modules.json, found {len(dense)}")
     folder = path / dense[0].get("path", "1_Dense")
-    weights = folder / "model.safetensors"
-    if weights.exists():
-        tensors = load_file(str(weights))
-    elif (folder / "pytorch_model.bin").exists():
-        tensors = torch.load(str(folder / "pytorch_model.bin"), map_location="cpu", weights_only=True)
-    else:
-        raise ModelError(f"{folder}: no model.safetensors or pytorch_model.bin")
+    tensors = _read_weights(folder)
     linear = tensors.get("linear.weight")
     if linear is None or linear.dim() != 2:
         raise ModelError(f"{folder}: no 'linear.weight' matrix")
@@ -618,11 +616,7 @@ def _load_pylate(path: Path) -> Encoder:
         mask_punctuation=bool(config.get("skiplist_words", True)),
         query_augmentation=True,  # PyLate pads queries to query_length
         attend_to_mask_tokens=bool(config.get("attend_to_expansion_tokens", False)))
-    settings.doc_overlap = min(settings.doc_overlap, max(0, settings.doc_maxlen // 4))
-    backbone, tokenizer = _load_backbone(path)
-    projection = nn.Linear(linear.shape[1], linear.shape[0], bias=False)
-    projection.weight.data.copy_(linear)
-    return Encoder(backbone, tokenizer, settings, projection, source=str(path))
+    return _with_linear(path, settings, linear)
 
 
 def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder:

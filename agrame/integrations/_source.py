@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from ..ranker import GRANULARITIES
+from ..ranker import GRANULARITIES, ScoredSpan
 from ..runs import docid
 
 
@@ -28,8 +28,6 @@ class Hit:
 
     @property
     def doc_id(self) -> str:
-        from ..ranker import ScoredSpan
-
         return docid(ScoredSpan(self.passage_id, self.start, self.end, self.score, 0.0, 0.0, self.text),
                      self.granularity)
 
@@ -66,13 +64,12 @@ class LocalSource(SearchSource):
         self.options = search_options
 
     def search(self, query: str, granularity: str, top_k: int, filter: Optional[Mapping] = None) -> List[Hit]:
-        _check(query, granularity, top_k)
-        hits = self.index.search(query, granularity, top_k=top_k, filter=filter, **self.options)
+        hits = self.index.search(query, granularity, top_k=top_k, filter=filter, **self.options)  # checks its input
         best: Dict[str, Tuple[int, int]] = {}
         if granularity == "sentence":
             for h in hits:
                 best.setdefault(h.passage_id, (h.start, h.end))
-        else:  # the best sentence of each hit's passage, scored with the same query encoding
+        else:  # the best sentence of each hit's passage (rank_ids encodes the query again: one more forward)
             pids = list(dict.fromkeys(h.passage_id for h in hits))
             for s in self.index.rank_ids(query, pids, "sentence", top_k=None):
                 best.setdefault(s.passage_id, (s.start, s.end))
