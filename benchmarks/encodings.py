@@ -11,6 +11,7 @@ reads a stale cache.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import os
 import pickle
@@ -24,7 +25,8 @@ from tqdm.auto import tqdm
 
 from agrame.corpus import EncodedCorpus, Passage
 from agrame.encoder import Encoder, default_model_path, load_encoder
-from agrame.index.v1 import build_index, load_index
+from agrame.index.format import MANIFEST, model_block, read_manifest, write_manifest
+from agrame.index.v1 import VECTORS, build_index, load_index
 from agrame.spans import split_sentences
 
 from .common import REPO
@@ -85,6 +87,11 @@ class MultiVectorCache:
             for stale in self.folder.glob(".shard-*.tmp-*"):
                 shutil.rmtree(stale, ignore_errors=True)
         missing = [i for i in range(self.n_shards) if not (self.folder / f"shard-{i:05d}").exists()]
+        base = self._projected_base() if missing else None
+        if base is not None:
+            for i in tqdm(missing, desc=f"projecting {base.name}", unit="shard", disable=None):
+                project_index(base / f"shard-{i:05d}", self.folder / f"shard-{i:05d}", self.encoder)
+            missing = []
         if missing:
             bar = tqdm(total=len(missing) * SHARD, desc=f"encoding {self.folder.name}", unit="psg", disable=None)
             for i in missing:
@@ -96,6 +103,21 @@ class MultiVectorCache:
             bar.close()
         self._shards = [load_index(self.folder / f"shard-{i:05d}")[1] for i in range(self.n_shards)]
         return self
+
+    def _projected_base(self) -> Path | None:
+        """The complete cache of this encoder's backbone *without* its projection, when the projection
+        is a bias-free linear map: its shards projected are this encoder's (normalise(W·h) =
+        normalise(W·h/|h|); a frozen-backbone projection such as training.e5_projection's is then
+        benchmarked without encoding the pool again)."""
+        projection = self.encoder.projection
+        if projection is None or getattr(projection, "bias", None) is not None:
+            return None
+        bare = Encoder(self.encoder.backbone, self.encoder.tokenizer,
+                       dataclasses.replace(self.encoder.settings, dim=None), None, source=self.encoder.source)
+        folder = self.folder.with_name(self.folder.name.replace(self.encoder.fingerprint()[:12],
+                                                                 bare.fingerprint()[:12]))
+        complete = all((folder / f"shard-{i:05d}").exists() for i in range(self.n_shards))
+        return folder if complete else None
 
     def select(self, indices: Sequence[int]) -> EncodedCorpus:
         """Encoded passages ``indices`` (positions in ``texts``), in that order."""
@@ -114,6 +136,24 @@ class MultiVectorCache:
         if run:
             out.append(run_shard.select(run))
         return EncodedCorpus.concat(out) if len(out) > 1 else out[0]
+
+
+def project_index(source: Path, target: Path, encoder: Encoder, tokens: int = 65536) -> None:
+    """Write at ``target`` the version-1 index of ``source`` (the unprojected backbone's) with every
+    vector mapped through ``encoder``'s projection and re-normalised; the tables are copied."""
+    manifest = read_manifest(source)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(VECTORS, MANIFEST))
+    vectors = np.memmap(source / VECTORS, dtype=np.float16, mode="r",
+                        shape=(manifest["num_tokens"], manifest["dim"]))
+    weight = encoder.projection.weight.detach().float()
+    with open(tmp / VECTORS, "wb") as out, torch.inference_mode():
+        for lo in range(0, len(vectors), tokens):
+            block = torch.from_numpy(np.asarray(vectors[lo:lo + tokens], dtype=np.float32))
+            out.write(torch.nn.functional.normalize(block @ weight.T, dim=-1).half().numpy().tobytes())
+    write_manifest(tmp, {**manifest, "model": model_block(encoder), "dim": encoder.dim})
+    tmp.replace(target)
 
 
 class SingleVectorEncoder:

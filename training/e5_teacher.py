@@ -47,22 +47,31 @@ class E5Teacher:
         a, b = span
         return f"{text[:a]}$ {text[a:b]} ${text[b:]}"
 
-    def scores(self, record: dict, mode: str = "text") -> Dict[str, list]:
-        """``{"passages": [logit per passage], "sentences": [[logit per sentence] per passage]}``."""
+    def scores(self, record: dict, mode: str = "text", sentences_of: Optional[Sequence[int]] = None) -> Dict[str, list]:
+        """``{"passages": [logit per passage], "sentences": [[logit per sentence] per passage]}``;
+        ``sentences_of``: only these passages' sentences are scored (the others get [])."""
         if mode not in MODES:
             raise ValueError(f"unknown sentence mode {mode!r}; choose one of {', '.join(MODES)}")
         q = self._embed([record["question"]], self.query_prefix)[0]
         passages = record["passages"]
         p = self._embed([x["text"] for x in passages], self.passage_prefix)
+        return {"passages": (p @ q / TEMPERATURE).tolist(),
+                "sentences": self.sentence_logits(q, passages, mode, sentences_of)}
+
+    def sentence_logits(self, q: np.ndarray, passages: Sequence[dict], mode: str,
+                        sentences_of: Optional[Sequence[int]] = None) -> List[list]:
+        """Per passage, the logit of each sentence against the query vector ``q`` (as :meth:`scores`)."""
+        which = set(range(len(passages)) if sentences_of is None else sentences_of)
         units = [(x["text"][a:b] if mode == "text" else self.marked(x["text"], (a, b)))
-                 for x in passages for a, b in x["sentences"]]
+                 for i, x in enumerate(passages) if i in which for a, b in x["sentences"]]
         s = self._embed(units, self.passage_prefix) if units else np.zeros((0, len(q)), np.float32)
         sent_logits = (s @ q / TEMPERATURE).tolist()
         out, first = [], 0
-        for x in passages:
-            out.append(sent_logits[first:first + len(x["sentences"])])
-            first += len(x["sentences"])
-        return {"passages": (p @ q / TEMPERATURE).tolist(), "sentences": out}
+        for i, x in enumerate(passages):
+            n = len(x["sentences"]) if i in which else 0
+            out.append(sent_logits[first:first + n])
+            first += n
+        return out
 
 
 def scored(records: Sequence[dict], mode: str, teacher: Optional[E5Teacher] = None) -> Iterator[dict]:
@@ -89,11 +98,12 @@ def agreement(records: Sequence[dict], modes: Sequence[str] = MODES, teacher: Op
         if not gold or not r["passages"][gold[0]].get("answer_sentences"):
             continue
         g = gold[0]
+        s = teacher.scores(r, modes[0], sentences_of=[g])
+        passage_hits.append(float(int(np.argmax(s["passages"])) in gold))
+        q = teacher._embed([r["question"]], teacher.query_prefix)[0]
         for m in modes:
-            s = teacher.scores(r, m)
-            hits[m].append(float(int(np.argmax(s["sentences"][g])) in r["passages"][g]["answer_sentences"]))
-            if m == modes[0]:
-                passage_hits.append(float(int(np.argmax(s["passages"])) in gold))
+            logits = s["sentences"][g] if m == modes[0] else teacher.sentence_logits(q, r["passages"], m, [g])[g]
+            hits[m].append(float(int(np.argmax(logits)) in r["passages"][g]["answer_sentences"]))
     return {"records": len(passage_hits), "passage_p1": round(100 * float(np.mean(passage_hits)), 1),
             "sentence_p1": {m: round(100 * float(np.mean(v)), 1) for m, v in hits.items()},
             "chosen": max(modes, key=lambda m: np.mean(hits[m]))}

@@ -238,26 +238,39 @@ class StudentScorer(nn.Module):
         docs = self.encode_passages(ids, mask).reshape(len(batch), n_p, width, -1)
         doc_mask = doc_mask.reshape(len(batch), n_p, width)
         seg_ids = seg_ids.reshape(len(batch), n_p, width)
-        neg = torch.finfo(docs.dtype).min
-        sim = torch.einsum("bqd,bptd->bpqt", q, docs).masked_fill(~doc_mask.unsqueeze(2), neg)
-        passage = (sim.amax(dim=-1) * q_mask.unsqueeze(1)).sum(dim=-1)
-        if self.in_batch and len(batch) > 1:
-            flat_docs = docs.reshape(len(batch) * n_p, width, -1)
-            cross = torch.einsum("bqd,ctd->bcqt", q, flat_docs).masked_fill(
-                ~doc_mask.reshape(len(batch) * n_p, width).unsqueeze(0).unsqueeze(2), neg)
-            passage = (cross.amax(dim=-1) * q_mask.unsqueeze(1)).sum(dim=-1)  # [B, B·P]
-        s_sim = sim if qs is q else torch.einsum("bqd,bptd->bpqt", qs, docs).masked_fill(~doc_mask.unsqueeze(2), neg)
-        # Segment max over each sentence's tokens: tokens outside sentences go to a spare slot.
-        slot = torch.where(seg_ids >= 0, seg_ids, torch.full_like(seg_ids, n_sent))
-        index = slot.unsqueeze(2).expand(-1, -1, s_sim.shape[2], -1)
-        per = torch.full((*s_sim.shape[:3], n_sent + 1), neg, dtype=s_sim.dtype, device=dev)
-        per = per.scatter_reduce(3, index, s_sim, reduce="amax", include_self=True)[..., :n_sent]
-        # A sentence is present if one scored token falls in it (a scatter: no per-passage host sync on a GPU).
-        sentence_mask = torch.zeros((len(batch), n_p, n_sent + 1), dtype=torch.bool, device=dev)
-        sentence_mask = sentence_mask.scatter(2, slot, True)[..., :n_sent]
-        per = per.masked_fill(~sentence_mask.unsqueeze(2), 0.0)  # absent sentences: no −inf into the sum
-        sentence = (per * qs_mask.unsqueeze(1).unsqueeze(-1)).sum(dim=2)
-        return passage, sentence, sentence_mask
+        return late_interaction(q, q_mask, None if qs is q else qs, qs_mask, docs, doc_mask, seg_ids, n_sent,
+                                in_batch=self.in_batch)
+
+
+def late_interaction(q: torch.Tensor, q_mask: torch.Tensor, qs: Optional[torch.Tensor], qs_mask: torch.Tensor,
+                     docs: torch.Tensor, doc_mask: torch.Tensor, seg_ids: torch.Tensor, n_sent: int,
+                     in_batch: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Differentiable S(q,p) ``[B, P]`` (``[B, B·P]`` with ``in_batch``) and S'(q,s) ``[B, P, S]`` with the
+    sentence mask, from unit query vectors ``q`` ``[B, Lq, d]`` (``qs``: the sentence queries', None when
+    they are the same) and passage vectors ``docs`` ``[B, P, W, d]`` (``seg_ids``: each token's sentence, −1
+    outside). The one place training computes MaxSim (the student's and the frozen-backbone projection's)."""
+    b, n_p, width = docs.shape[:3]
+    qs_mask = q_mask if qs is None else qs_mask
+    neg = torch.finfo(docs.dtype).min
+    sim = torch.einsum("bqd,bptd->bpqt", q, docs).masked_fill(~doc_mask.unsqueeze(2), neg)
+    passage = (sim.amax(dim=-1) * q_mask.unsqueeze(1)).sum(dim=-1)
+    if in_batch and len(docs) > 1:
+        flat_docs = docs.reshape(b * n_p, width, -1)
+        cross = torch.einsum("bqd,ctd->bcqt", q, flat_docs).masked_fill(
+            ~doc_mask.reshape(b * n_p, width).unsqueeze(0).unsqueeze(2), neg)
+        passage = (cross.amax(dim=-1) * q_mask.unsqueeze(1)).sum(dim=-1)  # [B, B·P]
+    s_sim = sim if qs is None else torch.einsum("bqd,bptd->bpqt", qs, docs).masked_fill(~doc_mask.unsqueeze(2), neg)
+    # Segment max over each sentence's tokens: tokens outside sentences go to a spare slot.
+    slot = torch.where(seg_ids >= 0, seg_ids, torch.full_like(seg_ids, n_sent))
+    index = slot.unsqueeze(2).expand(-1, -1, s_sim.shape[2], -1)
+    per = torch.full((*s_sim.shape[:3], n_sent + 1), neg, dtype=s_sim.dtype, device=docs.device)
+    per = per.scatter_reduce(3, index, s_sim, reduce="amax", include_self=True)[..., :n_sent]
+    # A sentence is present if one scored token falls in it (a scatter: no per-passage host sync on a GPU).
+    sentence_mask = torch.zeros((b, n_p, n_sent + 1), dtype=torch.bool, device=docs.device)
+    sentence_mask = sentence_mask.scatter(2, slot, True)[..., :n_sent]
+    per = per.masked_fill(~sentence_mask.unsqueeze(2), 0.0)  # absent sentences: no −inf into the sum
+    sentence = (per * qs_mask.unsqueeze(1).unsqueeze(-1)).sum(dim=2)
+    return passage, sentence, sentence_mask
 
 
 def teacher_tensors(batch: Sequence[dict], n_sent: int) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,123 @@
+"""The frozen-backbone projection of issue 30 (training.e5_projection) and the projected caches the
+benchmarks reuse for it (benchmarks.encodings.project_index)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from agrame.corpus import Passage
+from agrame.encoder import Encoder
+
+TEXTS = ["Corals expel algae when the water is too warm. Reefs then turn white.",
+         "The Eiffel Tower was built in 1889. It is in Paris.",
+         "Bees make honey. They live in hives, and a hive has one queen."]
+
+
+def _record(question: str, gold: int = 0) -> dict:
+    from agrame.spans import split_sentences
+
+    return {"qid": question, "question": question,
+            "passages": [{"text": t, "sentences": [list(s) for s in split_sentences(t)], "positive": i == gold,
+                          "answer_sentences": [0] if i == gold else []} for i, t in enumerate(TEXTS)]}
+
+
+@pytest.fixture
+def bare(make_tiny_encoder) -> Encoder:
+    """The tiny backbone as e5 is used: its own vectors, no markers, text prefixes, no [MASK] padding."""
+    enc = make_tiny_encoder(doc_maxlen=64, dim=None)
+    return enc.with_settings(markers={"Q": None, "Q'": None, "D": None}, span_query_marker="Q",
+                             query_augmentation=False, query_prefix="query:", passage_prefix="passage:")
+
+
+def _projected(bare: Encoder, dim: int = 8, seed: int = 0) -> Encoder:
+    torch.manual_seed(seed)
+    return Encoder(bare.backbone, bare.tokenizer, dataclasses.replace(bare.settings, dim=dim),
+                   torch.nn.Linear(bare.dim, dim, bias=False), source="tiny-projected")
+
+
+def test_a_projected_cache_equals_encoding_with_the_projection(bare, tmp_path, monkeypatch):
+    from agrame.index.v1 import load_index
+    from benchmarks.encodings import MultiVectorCache
+
+    monkeypatch.setenv("AGRAME_CACHE", str(tmp_path))
+    texts = TEXTS * 3
+    MultiVectorCache(bare, texts, "colbert-t").ensure()
+    model = _projected(bare)
+    cache = MultiVectorCache(model, texts, "colbert-t").ensure()
+    manifest, derived = load_index(cache.folder / "shard-00000")
+    assert manifest["dim"] == 8
+    assert manifest["model"]["fingerprint"] == model.fingerprint()
+    from agrame.index.v1 import build_index
+
+    _, direct = load_index(build_index(model, [Passage(str(i), t) for i, t in enumerate(texts)], tmp_path / "d",
+                                       progress=False))
+    # float16 storage of the unit vectors before projecting: equal to half precision
+    assert np.abs(np.asarray(derived.vectors, np.float32) - np.asarray(direct.vectors, np.float32)).max() < 5e-3
+    for field in ("offsets", "token_sentence", "sentences", "passage_starts"):
+        assert torch.equal(getattr(derived, field), getattr(direct, field))
+    # a projection with a bias is no function of the unit vectors: encoded, not derived
+    model.projection.bias = torch.nn.Parameter(torch.zeros(8))
+    assert MultiVectorCache(model, texts, "colbert-t")._projected_base() is None
+
+
+def test_cached_records_give_the_rankers_scores_and_the_teachers_logits(bare):
+    from agrame.ranker import Ranker, rank_corpus
+    from training.e5_projection import batch_tensors, cache_chunk, evaluate, scores
+    from training.e5_teacher import E5Teacher
+
+    teacher = E5Teacher(loaded=(bare.backbone, bare.tokenizer))
+    records = [_record("why do corals bleach?"), _record("when was the tower built?", gold=1)]
+    cached = cache_chunk(records, bare, teacher, "text")
+    for r, c in zip(records, cached):
+        expected = teacher.scores(r, "text")  # e5's recipe: "passage: text", mean over every token
+        assert np.allclose([p["teacher"] for p in c["passages"]], expected["passages"], atol=1e-3)
+        for p, s in zip(c["passages"], expected["sentences"]):
+            assert np.allclose(p["teacher_sentences"], s, atol=1e-3)
+    ranker = Ranker(bare)
+    corpus = ranker.encode([Passage(str(i), t) for i, t in enumerate(TEXTS)])
+    p_scores, s_scores, mask = scores(None, batch_tensors(cached))
+    for b, r in enumerate(records):
+        qv, sv = ranker.encode_query(r["question"], "sentence")
+        by_id = {h.passage_id: h.score for h in rank_corpus(qv, None, corpus, "passage", alpha=0.5, top_k=None)}
+        assert np.allclose([by_id[str(i)] for i in range(len(TEXTS))], p_scores[b].tolist(), atol=2e-2)
+        sentences = rank_corpus(qv, sv, corpus, "sentence", alpha=0.0, top_k=None)
+        for h in sentences:
+            p = int(h.passage_id)
+            k = [s[0] for s in r["passages"][p]["sentences"]].index(h.start)
+            assert mask[b, p, k] and abs(float(s_scores[b, p, k]) - h.score) < 2e-2
+    # evaluate against a naive loop over the same scores
+    got = evaluate(None, cached)
+    psg = [float(int(p_scores[b].argmax()) in [0 if b == 0 else 1]) for b in range(2)]
+    assert got["n"] == 2 and got["passage_p1"] == round(100 * np.mean(psg), 1)
+
+
+def test_training_the_projection_lowers_the_distillation_loss(bare):
+    from training.e5_projection import batch_tensors, cache_chunk, principal_projection, scores, train
+    from training.e5_teacher import E5Teacher
+    from training.losses import MultiGranularKLLoss
+
+    teacher = E5Teacher(loaded=(bare.backbone, bare.tokenizer))
+    records = cache_chunk([_record(q, gold=i % 3) for i, q in enumerate(
+        ["why do corals bleach?", "when was the tower built?", "who rules a hive?", "what turns reefs white?",
+         "where is the tower?", "what do bees make?"])], bare, teacher, "text")
+    t = batch_tensors(records)
+
+    def loss(projection) -> float:
+        p, s, m = scores(projection, t)
+        return float(MultiGranularKLLoss()(t["t_psg"], p, t["t_sent"], s, m)["loss"])
+
+    start = principal_projection(records, 8)
+    assert torch.allclose(start.weight @ start.weight.T, torch.eye(8), atol=1e-4)  # orthonormal rows
+    logs = []
+    chosen, report = train(records, {"held": records[:3]}, {}, dim=8, steps=60, batch_size=6, lr=1e-2,
+                           eval_every=20, log=logs.append)
+    assert [r["step"] for r in report["history"]] == [0, 20, 40, 60] and len(logs) == 5
+    # the projection kept is the best one on the held-out records (step 0 included)
+    assert report["chosen"]["held_sentence_p1"] == max(r["held_sentence_p1"] for r in report["history"])
+    last, _ = train(records, {"held": records[:3]}, {}, dim=8, steps=60, batch_size=6, lr=1e-2,
+                    eval_every=20, keep="last", log=lambda _: None)
+    assert loss(last) < 0.8 * loss(start)  # training fits the teacher

@@ -1,0 +1,322 @@
+"""A ``dim``-d projection of *frozen* multilingual-e5-small token vectors, distilled from e5's own
+single vectors with the multi-granular KL loss (issue 30, steps 3–4).
+
+Why frozen: on this project's 2 CPU cores a student that trains e5's 12 layers costs hours a
+thousand steps; with the backbone fixed every token vector is computed once (``cache``) and a
+training step only projects cached vectors (milliseconds), so the whole recipe runs in minutes.
+The projection is bias-free and the vectors are re-normalised after it, so projecting e5's *unit*
+token vectors gives exactly the vectors of the model (normalise(W·h) = normalise(W·h/|h|)): the
+benchmarks reuse e5-small's cached pool encodings for it (``benchmarks.encodings``).
+
+Stages (each resumable):
+
+    python -m training.e5_projection cache --data R/squad.jsonl --out R/cache/squad [--sentence-mode text]
+    python -m training.e5_projection train --train R/cache/squad R/cache/nq --held R/cache/squad-heldout \\
+        --guard R/cache/guard-nq-dev --out R/e5-kd-128 [--dim 128 --steps 2000]
+
+``cache``: per record, e5 once over the question (``query: …``) and each passage as the student
+encodes it (``[CLS] passage: … [SEP]``, one window): the unit token vectors (float16), the scored
+positions, each token's sentence, and the teacher's logits from the same forward pass — e5's
+single vector is the mean of that very row (specials included) — at τ = 0.01 (e5_teacher); a
+passage longer than one window is given its teacher vector by e5's own recipe (512 tokens).
+Sentence logits: ``--sentence-mode`` (e5_teacher; chosen there on held-out train records).
+
+``train``: W starts at the top ``dim`` right singular vectors of the cached unit token vectors
+(the principal projection, as ``training.projection``), then Adam on L_psg + L_sent
+(``MultiGranularKLLoss``; ``--sentence-weight 0``: the passage-only twin). Every ``--eval-every``
+steps the held-out and guard records are scored (passage P@1 among a record's passages, sentence
+P@1 in its gold passage); the checkpoint kept is the best mean sentence P@1 on ``--held`` among
+those within ``--tolerance`` of the zero-shot 384-d vectors' passage P@1 on every ``--guard`` set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from agrame.encoder import E5_SMALL, Encoder, load_encoder
+from agrame.spans import token_segments
+
+from .e5_teacher import MODES, TEMPERATURE, E5Teacher
+from .losses import MultiGranularKLLoss
+from .student import late_interaction
+
+CHUNK = 100  # records per cache file
+
+
+def _pad_rows(rows: Sequence[Sequence[int]], pad: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(r)
+        mask[i, :len(r)] = 1
+    return ids, mask
+
+
+@torch.inference_mode()
+def _hidden(encoder: Encoder, rows: Sequence[Sequence[int]], batch_size: int = 16) -> List[torch.Tensor]:
+    """e5's last hidden states of each token row (no projection, not normalised)."""
+    out: List[Optional[torch.Tensor]] = [None] * len(rows)
+    order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
+    for b in range(0, len(order), batch_size):
+        idx = order[b:b + batch_size]
+        ids, mask = _pad_rows([rows[i] for i in idx], encoder.tokenizer.pad_token_id)
+        h = encoder.backbone(input_ids=ids, attention_mask=mask).last_hidden_state
+        for k, i in enumerate(idx):
+            out[i] = h[k, :len(rows[i])].clone()
+    return out  # type: ignore[return-value]
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    return nn.functional.normalize(x.float(), dim=-1)
+
+
+def cache_chunk(records: Sequence[dict], encoder: Encoder, teacher: E5Teacher, mode: Optional[str]) -> List[dict]:
+    """The cached form of ``records`` (see the module docstring)."""
+    texts = sorted({p["text"] for r in records for p in r["passages"]})
+    inputs = {t: encoder.passage_inputs(t) for t in texts}
+    hidden = dict(zip(texts, _hidden(encoder, [inputs[t][0] for t in texts])))
+    width = encoder._window_width()
+    long = [t for t in texts if len(encoder._tokenize([t])[0][0]) > width]
+    exact = dict(zip(long, teacher._embed(long, teacher.passage_prefix))) if long else {}
+    q_rows = encoder.query_inputs([r["question"] for r in records], None)[0]
+    q_hidden = _hidden(encoder, q_rows)
+    out = []
+    for r, qh in zip(records, q_hidden):
+        q_vec = _unit(qh.mean(0))  # e5's query vector: the mean of its "query: …" row
+        passages = []
+        for p in r["passages"]:
+            row, scored, offsets = inputs[p["text"]]
+            h = hidden[p["text"]]
+            p_vec = torch.from_numpy(exact[p["text"]]) if p["text"] in exact else _unit(h.mean(0))
+            seg = token_segments(torch.tensor(offsets, dtype=torch.long), [tuple(s) for s in p["sentences"]])
+            passages.append({"vectors": _unit(h).half(), "scored": torch.tensor(scored),
+                             "segments": seg.to(torch.int16), "n_sent": len(p["sentences"]),
+                             "teacher": float(p_vec @ q_vec) / TEMPERATURE,
+                             "positive": bool(p.get("positive")), "answer_sentences": p.get("answer_sentences", [])})
+        # mode None: evaluation records, which need no sentence logits (the costly half of the teacher)
+        sentence = teacher.sentence_logits(q_vec.numpy(), r["passages"], mode) if mode else [[]] * len(passages)
+        for item, logits in zip(passages, sentence):
+            item["teacher_sentences"] = logits
+        out.append({"qid": r["qid"], "query": _unit(qh).half(), "passages": passages})
+    return out
+
+
+def cache(records: Sequence[dict], out: Path, mode: Optional[str], encoder: Optional[Encoder] = None) -> int:
+    """Write ``out/chunk-NNNNN.pt`` for every ``CHUNK`` records not cached yet; returns the chunk count."""
+    from tqdm.auto import tqdm
+
+    encoder = encoder or load_encoder(E5_SMALL)
+    if encoder.projection is not None or encoder.settings.query_augmentation:
+        raise ValueError("cache the backbone's own vectors: an encoder without projection or [MASK] padding")
+    teacher = E5Teacher(loaded=(encoder.backbone, encoder.tokenizer))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "meta.json").write_text(json.dumps({"sentence_mode": mode, "model": encoder.source,
+                                               "fingerprint": encoder.fingerprint()[:12], "records": len(records)}))
+    n = (len(records) + CHUNK - 1) // CHUNK
+    for i in tqdm(range(n), desc=f"caching {out.name}", unit="chunk", disable=None):
+        path = out / f"chunk-{i:05d}.pt"
+        if path.exists():
+            continue
+        part = cache_chunk(records[i * CHUNK:(i + 1) * CHUNK], encoder, teacher, mode)
+        tmp = path.with_suffix(".tmp")
+        torch.save(part, tmp)
+        tmp.replace(path)
+    return n
+
+
+def load_cached(folder: Path) -> List[dict]:
+    chunks = sorted(Path(folder).glob("chunk-*.pt"))
+    if not chunks:
+        raise SystemExit(f"error: {folder}: no cached records (run the cache stage)")
+    return [r for c in chunks for r in torch.load(c, weights_only=False)]
+
+
+def batch_tensors(records: Sequence[dict]) -> dict:
+    """Padded ``query`` ``[B, Lq, 384]``, ``docs`` ``[B, P, W, 384]`` and the masks/segments/teacher logits."""
+    n_p = len(records[0]["passages"])
+    if any(len(r["passages"]) != n_p for r in records):
+        raise ValueError("every record of a batch needs the same number of passages")
+    lq = max(r["query"].shape[0] for r in records)
+    width = max(p["vectors"].shape[0] for r in records for p in r["passages"])
+    n_sent = max(max(p["n_sent"] for p in r["passages"]) for r in records)
+    dim = records[0]["query"].shape[1]
+    b = len(records)
+    q = torch.zeros((b, lq, dim))
+    q_mask = torch.zeros((b, lq), dtype=torch.bool)
+    docs = torch.zeros((b, n_p, width, dim))
+    doc_mask = torch.zeros((b, n_p, width), dtype=torch.bool)
+    seg = torch.full((b, n_p, width), -1, dtype=torch.long)
+    t_psg = torch.zeros((b, n_p))
+    t_sent = torch.zeros((b, n_p, n_sent))
+    for i, r in enumerate(records):
+        q[i, :len(r["query"])] = r["query"].float()
+        q_mask[i, :len(r["query"])] = True
+        for j, p in enumerate(r["passages"]):
+            n = p["vectors"].shape[0]
+            docs[i, j, :n] = p["vectors"].float()
+            doc_mask[i, j, :n] = p["scored"]
+            seg[i, j, :n] = torch.where(p["scored"], p["segments"].long(), torch.full((n,), -1, dtype=torch.long))
+            t_psg[i, j] = p["teacher"]
+            t_sent[i, j, :len(p["teacher_sentences"])] = torch.tensor(p["teacher_sentences"][:n_sent])
+    return {"q": q, "q_mask": q_mask, "docs": docs, "doc_mask": doc_mask, "seg": seg, "n_sent": n_sent,
+            "t_psg": t_psg, "t_sent": t_sent}
+
+
+def scores(projection: Optional[nn.Linear], t: dict) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Student S(q,p) ``[B, P]``, S'(q,s) ``[B, P, S]`` and the sentence mask under ``projection``
+    (None: e5's own 384-d vectors, the zero-shot reference)."""
+    q, docs = t["q"], t["docs"]
+    if projection is not None:
+        q, docs = _unit(projection(q)), _unit(projection(docs))
+    return late_interaction(q, t["q_mask"], None, t["q_mask"], docs, t["doc_mask"], t["seg"], t["n_sent"])
+
+
+@torch.no_grad()
+def evaluate(projection: Optional[nn.Linear], records: Sequence[dict], batch_size: int = 32) -> Dict[str, float]:
+    """Passage P@1 among each record's passages; sentence P@1 of the gold passage's sentences
+    (within one passage the α·S(q,p) term of the sentence score is a constant)."""
+    psg, sent = [], []
+    for b in range(0, len(records), batch_size):
+        part = records[b:b + batch_size]
+        p_scores, s_scores, s_mask = scores(projection, batch_tensors(part))
+        for r, ps, ss, sm in zip(part, p_scores, s_scores, s_mask):
+            gold = [j for j, p in enumerate(r["passages"]) if p["positive"]]
+            if not gold:
+                continue
+            psg.append(float(int(ps.argmax()) in gold))
+            g = gold[0]
+            answers = r["passages"][g]["answer_sentences"]
+            if answers:
+                sent.append(float(int(ss[g].masked_fill(~sm[g], float("-inf")).argmax()) in answers))
+    return {"passage_p1": round(100 * float(np.mean(psg)), 1) if psg else float("nan"),
+            "sentence_p1": round(100 * float(np.mean(sent)), 1) if sent else float("nan"), "n": len(psg)}
+
+
+def principal_projection(records: Sequence[dict], dim: int, tokens: int = 200_000, seed: int = 0) -> nn.Linear:
+    """Top ``dim`` right singular vectors (uncentred: MaxSim uses dot products) of cached unit token vectors."""
+    vectors = torch.cat([p["vectors"][p["scored"]].float() for r in records for p in r["passages"]])
+    if len(vectors) > tokens:
+        g = torch.Generator().manual_seed(seed)
+        vectors = vectors[torch.randperm(len(vectors), generator=g)[:tokens]]
+    _, _, v = torch.linalg.svd(vectors, full_matrices=False)
+    layer = nn.Linear(vectors.shape[1], dim, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(v[:dim])
+    return layer
+
+
+def train(train_records: Sequence[dict], held: Dict[str, Sequence[dict]], guard: Dict[str, Sequence[dict]],
+          dim: int = 128, steps: int = 2000, batch_size: int = 16, lr: float = 1e-3, sentence_weight: float = 1.0,
+          eval_every: int = 250, tolerance: float = 1.0, seed: int = 0, keep: str = "best",
+          log=print) -> Tuple[nn.Linear, dict]:
+    """The projection chosen as the module docstring says (``keep="last"``: the last one), and the
+    history of every evaluation."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    projection = principal_projection(train_records, dim, seed=seed)
+    criterion = MultiGranularKLLoss(sentence_weight=sentence_weight)
+    optimizer = torch.optim.Adam(projection.parameters(), lr=lr)
+    reference = {name: evaluate(None, recs) for name, recs in guard.items()}
+    log(json.dumps({"reference_384d": reference}))
+
+    def measure(step: int) -> dict:
+        row = {"step": step, **{name: evaluate(projection, recs) for name, recs in {**held, **guard}.items()}}
+        row["held_sentence_p1"] = float(np.mean([row[n]["sentence_p1"] for n in held]))
+        row["guard_deficit"] = max([reference[n]["passage_p1"] - row[n]["passage_p1"] for n in guard], default=0.0)
+        log(json.dumps(row))
+        return row
+
+    history = [measure(0)]
+    best, best_state = history[0], projection.state_dict()
+    order: List[int] = []
+    for step in range(1, steps + 1):
+        if len(order) < batch_size:
+            order = list(range(len(train_records)))
+            rng.shuffle(order)
+        # group by passage count: SciFact-style records may carry fewer passages
+        first = train_records[order[0]]
+        pick = [i for i in order if len(train_records[i]["passages"]) == len(first["passages"])][:batch_size]
+        order = [i for i in order if i not in set(pick)]
+        t = batch_tensors([train_records[i] for i in pick])
+        passage, sentence, mask = scores(projection, t)
+        loss = criterion(t["t_psg"], passage, t["t_sent"], sentence, mask)["loss"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % eval_every == 0 or step == steps:
+            row = measure(step)
+            row["loss"] = round(float(loss.detach()), 4)
+            history.append(row)
+            admissible = row["guard_deficit"] <= tolerance
+            if admissible and row["held_sentence_p1"] > best["held_sentence_p1"]:
+                best, best_state = row, {k: v.clone() for k, v in projection.state_dict().items()}
+    if keep == "best":
+        projection.load_state_dict(best_state)
+    return projection, {"chosen_step": best["step"], "chosen": best, "reference_384d": reference, "history": history}
+
+
+def projected_model(projection: nn.Linear) -> Encoder:
+    """e5-small (its settings: prefixes, no markers, α 0.5) with ``projection`` after the frozen backbone."""
+    import dataclasses
+
+    base = load_encoder(E5_SMALL)
+    settings = dataclasses.replace(base.settings, dim=projection.out_features)
+    return Encoder(base.backbone, base.tokenizer, settings, projection, source="e5-small-kd-projection")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    from .data import read
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("cache", help="e5 token vectors and teacher logits of training records")
+    c.add_argument("--data", required=True, help="JSONL from python -m training.mined")
+    c.add_argument("--out", type=Path, required=True, help="cache folder (resumed when present)")
+    c.add_argument("--sentence-mode", choices=(*MODES, "none"), default="text",
+                   help="teacher sentence logits (none: for held-out and guard records, which need none)")
+    c.add_argument("--limit", type=int, default=None)
+    t = sub.add_parser("train", help="the projection, distilled on cached records")
+    t.add_argument("--train", type=Path, nargs="+", required=True, help="cache folders")
+    t.add_argument("--held", type=Path, nargs="+", required=True, help="cache folders of held-out train records")
+    t.add_argument("--guard", type=Path, nargs="*", default=[], help="cache folders of guard records")
+    t.add_argument("--out", type=Path, required=True, help="model folder written")
+    t.add_argument("--dim", type=int, default=128)
+    t.add_argument("--steps", type=int, default=2000)
+    t.add_argument("--batch-size", type=int, default=16)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--sentence-weight", type=float, default=1.0, help="0: the passage-loss-only twin")
+    t.add_argument("--eval-every", type=int, default=250)
+    t.add_argument("--tolerance", type=float, default=1.0)
+    t.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.command == "cache":
+        records = [r for r in read(args.data) if not r.get("skipped")][: args.limit]
+        n = cache(records, args.out, None if args.sentence_mode == "none" else args.sentence_mode)
+        print(f"cached {len(records)} records in {n} chunks under {args.out}")
+        return
+    train_records = [r for folder in args.train for r in load_cached(folder)]
+    held = {f.name: load_cached(f) for f in args.held}
+    guard = {f.name: load_cached(f) for f in args.guard}
+    projection, report = train(train_records, held, guard, args.dim, args.steps, args.batch_size, args.lr,
+                               args.sentence_weight, args.eval_every, args.tolerance, args.seed)
+    model = projected_model(projection)
+    model.save(args.out)
+    report.update({"train": [str(f) for f in args.train], "train_records": len(train_records),
+                   "held": [str(f) for f in args.held], "guard": [str(f) for f in args.guard],
+                   "settings": {k: getattr(args, k) for k in ("dim", "steps", "batch_size", "lr", "sentence_weight",
+                                                               "eval_every", "tolerance", "seed")}})
+    (args.out / "training.json").write_text(json.dumps(report, indent=1))
+    print(f"wrote {args.out}: step {report['chosen_step']} chosen, {json.dumps(report['chosen'])}")
+
+
+if __name__ == "__main__":
+    main()
