@@ -87,7 +87,7 @@ class MultiVectorCache:
             for stale in self.folder.glob(".shard-*.tmp-*"):
                 shutil.rmtree(stale, ignore_errors=True)
         missing = [i for i in range(self.n_shards) if not (self.folder / f"shard-{i:05d}").exists()]
-        base = self._projected_base() if missing else None
+        base = self.projected_base() if missing else None
         if base is not None:
             for i in tqdm(missing, desc=f"projecting {base.name}", unit="shard", disable=None):
                 project_index(base / f"shard-{i:05d}", self.folder / f"shard-{i:05d}", self.encoder)
@@ -104,7 +104,7 @@ class MultiVectorCache:
         self._shards = [load_index(self.folder / f"shard-{i:05d}")[1] for i in range(self.n_shards)]
         return self
 
-    def _projected_base(self) -> Path | None:
+    def projected_base(self) -> Path | None:
         """The complete cache of this encoder's backbone *without* its projection, when the projection
         is a bias-free linear map: its shards projected are this encoder's (normalise(W·h) =
         normalise(W·h/|h|); a frozen-backbone projection such as training.e5_projection's is then

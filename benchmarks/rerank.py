@@ -102,7 +102,7 @@ class Harness:
                 "markers": encoder.settings.markers, "span_query_marker": encoder.settings.span_query_marker}
         if method == "colbert-zeroshot-psg":
             full = MultiVectorCache(encoder, self.texts, f"colbert-{self.name}", self.spans)
-            if needed is not None and not full.folder.exists():
+            if needed is not None and not full.folder.exists() and full.projected_base() is None:
                 subset = list(needed)
                 cache = MultiVectorCache(encoder, [self.texts[i] for i in subset], f"colbert-{self.name}-subset",
                                          [self.spans[i] for i in subset]).ensure()

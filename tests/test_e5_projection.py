@@ -61,7 +61,7 @@ def test_a_projected_cache_equals_encoding_with_the_projection(bare, tmp_path, m
         assert torch.equal(getattr(derived, field), getattr(direct, field))
     # a projection with a bias is no function of the unit vectors: encoded, not derived
     model.projection.bias = torch.nn.Parameter(torch.zeros(8))
-    assert MultiVectorCache(model, texts, "colbert-t")._projected_base() is None
+    assert MultiVectorCache(model, texts, "colbert-t").projected_base() is None
 
 
 def test_cached_records_give_the_rankers_scores_and_the_teachers_logits(bare):

@@ -140,8 +140,10 @@ def load_cached(folder: Path) -> List[dict]:
     return [r for c in chunks for r in torch.load(c, weights_only=False)]
 
 
-def batch_tensors(records: Sequence[dict]) -> dict:
-    """Padded ``query`` ``[B, Lq, 384]``, ``docs`` ``[B, P, W, 384]`` and the masks/segments/teacher logits."""
+def batch_tensors(records: Sequence[dict], gold_strength: float = 0.0) -> dict:
+    """Padded ``query`` ``[B, Lq, 384]``, ``docs`` ``[B, P, W, 384]`` and the masks/segments/teacher logits;
+    ``gold_strength`` is added to the teacher's logit of a labelled record's gold passage and answer
+    sentences (0: e5 alone; the labels teacher of training.teachers gives gold 5 and the rest 0)."""
     n_p = len(records[0]["passages"])
     if any(len(r["passages"]) != n_p for r in records):
         raise ValueError("every record of a batch needs the same number of passages")
@@ -165,8 +167,10 @@ def batch_tensors(records: Sequence[dict]) -> dict:
             docs[i, j, :n] = p["vectors"].float()
             doc_mask[i, j, :n] = p["scored"]
             seg[i, j, :n] = torch.where(p["scored"], p["segments"].long(), torch.full((n,), -1, dtype=torch.long))
-            t_psg[i, j] = p["teacher"]
+            t_psg[i, j] = p["teacher"] + gold_strength * p["positive"]
             t_sent[i, j, :len(p["teacher_sentences"])] = torch.tensor(p["teacher_sentences"][:n_sent])
+            for k in p["answer_sentences"]:
+                t_sent[i, j, k] += gold_strength
     return {"q": q, "q_mask": q_mask, "docs": docs, "doc_mask": doc_mask, "seg": seg, "n_sent": n_sent,
             "t_psg": t_psg, "t_sent": t_sent}
 
@@ -217,7 +221,7 @@ def principal_projection(records: Sequence[dict], dim: int, tokens: int = 200_00
 def train(train_records: Sequence[dict], held: Dict[str, Sequence[dict]], guard: Dict[str, Sequence[dict]],
           dim: int = 128, steps: int = 2000, batch_size: int = 16, lr: float = 1e-3, sentence_weight: float = 1.0,
           eval_every: int = 250, tolerance: float = 1.0, seed: int = 0, keep: str = "best",
-          log=print) -> Tuple[nn.Linear, dict]:
+          gold_strength: float = 0.0, log=print) -> Tuple[nn.Linear, dict]:
     """The projection chosen as the module docstring says (``keep="last"``: the last one), and the
     history of every evaluation."""
     torch.manual_seed(seed)
@@ -246,7 +250,7 @@ def train(train_records: Sequence[dict], held: Dict[str, Sequence[dict]], guard:
         first = train_records[order[0]]
         pick = [i for i in order if len(train_records[i]["passages"]) == len(first["passages"])][:batch_size]
         order = [i for i in order if i not in set(pick)]
-        t = batch_tensors([train_records[i] for i in pick])
+        t = batch_tensors([train_records[i] for i in pick], gold_strength)
         passage, sentence, mask = scores(projection, t)
         loss = criterion(t["t_psg"], passage, t["t_sent"], sentence, mask)["loss"]
         optimizer.zero_grad()
@@ -288,7 +292,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     t.add_argument("--train", type=Path, nargs="+", required=True, help="cache folders")
     t.add_argument("--held", type=Path, nargs="+", required=True, help="cache folders of held-out train records")
     t.add_argument("--guard", type=Path, nargs="*", default=[], help="cache folders of guard records")
-    t.add_argument("--out", type=Path, required=True, help="model folder written")
+    t.add_argument("--out", type=Path, required=True, help="model folder written (a delta over e5: --model OUT)")
     t.add_argument("--dim", type=int, default=128)
     t.add_argument("--steps", type=int, default=2000)
     t.add_argument("--batch-size", type=int, default=16)
@@ -297,6 +301,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     t.add_argument("--eval-every", type=int, default=250)
     t.add_argument("--tolerance", type=float, default=1.0)
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--gold-strength", type=float, default=0.0,
+                   help="added to the teacher logits of labelled records' gold passage and answer sentences")
     args = parser.parse_args(argv)
     if args.command == "cache":
         records = [r for r in read(args.data) if not r.get("skipped")][: args.limit]
@@ -307,15 +313,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     held = {f.name: load_cached(f) for f in args.held}
     guard = {f.name: load_cached(f) for f in args.guard}
     projection, report = train(train_records, held, guard, args.dim, args.steps, args.batch_size, args.lr,
-                               args.sentence_weight, args.eval_every, args.tolerance, args.seed)
-    model = projected_model(projection)
-    model.save(args.out)
+                               args.sentence_weight, args.eval_every, args.tolerance, args.seed,
+                               gold_strength=args.gold_strength)
+    from agrame.delta import BASE_E5, export_delta
+
+    # the backbone is e5's own: the delta holds the projection alone (float16, ~100 KB at 128-d)
+    meta = export_delta(projected_model(projection), args.out, base=BASE_E5)
     report.update({"train": [str(f) for f in args.train], "train_records": len(train_records),
                    "held": [str(f) for f in args.held], "guard": [str(f) for f in args.guard],
                    "settings": {k: getattr(args, k) for k in ("dim", "steps", "batch_size", "lr", "sentence_weight",
-                                                               "eval_every", "tolerance", "seed")}})
+                                                               "eval_every", "tolerance", "seed", "gold_strength")}})
     (args.out / "training.json").write_text(json.dumps(report, indent=1))
-    print(f"wrote {args.out}: step {report['chosen_step']} chosen, {json.dumps(report['chosen'])}")
+    print(f"wrote {args.out} (fingerprint {meta['fingerprint'][:12]}): step {report['chosen_step']} chosen, "
+          f"{json.dumps(report['chosen'])}")
 
 
 if __name__ == "__main__":
