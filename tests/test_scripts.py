@@ -174,3 +174,20 @@ def test_scale_eval_follows_the_guard_sets_into_its_tags(tmp_path):
                       "--tag big-colbert-distill-g2000")
     bad = dry_run("scale_eval.sh", tmp_path, "agrame", GUARDS="0")
     assert bad.returncode == 2 and "GUARDS must be a positive number" in bad.stderr
+
+
+def test_e5_kd_runs_every_stage_then_skips_what_is_done(tmp_path):
+    result = dry_run("e5_kd.sh", tmp_path, STEPS="50", GOLD="5")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert len(lines_with(out, "training.mined", "--mine-model none", "--limit 2000")) == 1
+    caches = lines_with(out, "training.e5_projection cache")
+    # only the training records get (costly) teacher sentence logits, in the mode chosen on held-out train data
+    assert [line.split("--sentence-mode ")[1] for line in caches] == ["none", "none", "text", "text", "none"]
+    model, twin = lines_with(out, "training.e5_projection train")
+    assert "--steps 50" in model and "--gold-strength 5" in model and "--sentence-weight" not in model
+    assert twin.endswith(f"--sentence-weight 0 --out {tmp_path}/e5kd/e5-kd-128-psg")
+    for name in ("e5-kd-128", "e5-kd-128-psg"):
+        (tmp_path / "e5kd" / name).mkdir(parents=True)
+        (tmp_path / "e5kd" / name / "delta.json").write_text("{}")
+    assert not lines_with(dry_run("e5_kd.sh", tmp_path).stdout, "training.e5_projection train")
