@@ -121,3 +121,22 @@ def test_training_the_projection_lowers_the_distillation_loss(bare):
     last, _ = train(records, {"held": records[:3]}, {}, dim=8, steps=60, batch_size=6, lr=1e-2,
                     eval_every=20, keep="last", log=lambda _: None)
     assert loss(last) < 0.8 * loss(start)  # training fits the teacher
+
+
+def test_pick_copies_the_best_held_out_model(tmp_path):
+    import json
+
+    from training.e5_projection import pick
+
+    folders = []
+    for name, held in (("g0", 80.0), ("g5", 82.5), ("g9", 82.5)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "delta.json").write_text(name)
+        (folder / "training.json").write_text(json.dumps(
+            {"chosen": {"held_sentence_p1": held, "guard_deficit": -1.0}, "settings": {"gold_strength": 0}}))
+        folders.append(folder)
+    name, rows = pick(folders, tmp_path / "out")
+    assert name == "g5" and set(rows) == {"g0", "g5", "g9"}  # the first of equals
+    assert (tmp_path / "out" / "delta.json").read_text() == "g5"
+    assert json.loads((tmp_path / "out" / "pick.json").read_text())["picked"] == "g5"

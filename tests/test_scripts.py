@@ -177,17 +177,24 @@ def test_scale_eval_follows_the_guard_sets_into_its_tags(tmp_path):
 
 
 def test_e5_kd_runs_every_stage_then_skips_what_is_done(tmp_path):
-    result = dry_run("e5_kd.sh", tmp_path, STEPS="50", GOLD="5")
+    result = dry_run("e5_kd.sh", tmp_path, STEPS="50", GOLDS="0 5")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert len(lines_with(out, "training.mined", "--mine-model none", "--limit 2000")) == 1
     caches = lines_with(out, "training.e5_projection cache")
     # only the training records get (costly) teacher sentence logits, in the mode chosen on held-out train data
     assert [line.split("--sentence-mode ")[1] for line in caches] == ["none", "none", "text", "text", "none"]
-    model, twin = lines_with(out, "training.e5_projection train")
-    assert "--steps 50" in model and "--gold-strength 5" in model and "--sentence-weight" not in model
-    assert twin.endswith(f"--sentence-weight 0 --out {tmp_path}/e5kd/e5-kd-128-psg")
-    for name in ("e5-kd-128", "e5-kd-128-psg"):
-        (tmp_path / "e5kd" / name).mkdir(parents=True)
-        (tmp_path / "e5kd" / name / "delta.json").write_text("{}")
-    assert not lines_with(dry_run("e5_kd.sh", tmp_path).stdout, "training.e5_projection train")
+    *tried, twin = lines_with(out, "training.e5_projection train")
+    assert [line.split("--gold-strength ")[1].split()[0] for line in tried] == ["0", "5"]
+    assert all("--steps 50" in line and "--sentence-weight" not in line for line in tried)
+    [pick] = lines_with(out, "training.e5_projection pick")
+    assert pick.endswith(f"--models {tmp_path}/e5kd/e5-kd-128-g0 {tmp_path}/e5kd/e5-kd-128-g5 --out {tmp_path}/e5kd/e5-kd-128")
+    # the twin takes the picked model's setting (none picked yet in a dry run: the first tried)
+    assert twin.endswith(f"--gold-strength 0 --sentence-weight 0 --out {tmp_path}/e5kd/e5-kd-128-psg")
+    picked = tmp_path / "e5kd" / "e5-kd-128"
+    picked.mkdir(parents=True)
+    (picked / "pick.json").write_text("{}")
+    (picked / "training.json").write_text('{"settings": {"gold_strength": 5.0}}')
+    again = dry_run("e5_kd.sh", tmp_path).stdout
+    assert not lines_with(again, "training.e5_projection pick")
+    assert lines_with(again, "--gold-strength 5.0 --sentence-weight 0")

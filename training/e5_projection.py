@@ -277,6 +277,27 @@ def projected_model(projection: nn.Linear) -> Encoder:
     return Encoder(base.backbone, base.tokenizer, settings, projection, source="e5-small-kd-projection")
 
 
+def pick(models: Sequence[Path], out: Path) -> Tuple[str, dict]:
+    """The model whose chosen step has the best held-out sentence P@1 (each was chosen within its guard
+    tolerance), copied to ``out`` with ``pick.json`` recording every candidate's chosen row."""
+    import shutil
+
+    rows = {}
+    for folder in models:
+        report = json.loads((Path(folder) / "training.json").read_text())
+        rows[Path(folder).name] = {"held_sentence_p1": report["chosen"]["held_sentence_p1"],
+                                   "guard_deficit": report["chosen"]["guard_deficit"], "settings": report["settings"]}
+    best = max(models, key=lambda f: rows[Path(f).name]["held_sentence_p1"])  # the first of equals
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(best, tmp)
+    (tmp / "pick.json").write_text(json.dumps({"picked": Path(best).name, "candidates": rows}, indent=1))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.replace(out)
+    return Path(best).name, rows
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     from .data import read
 
@@ -303,7 +324,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--gold-strength", type=float, default=0.0,
                    help="added to the teacher logits of labelled records' gold passage and answer sentences")
+    k = sub.add_parser("pick", help="of trained projections, the best on the held-out records (copied to --out)")
+    k.add_argument("--models", type=Path, nargs="+", required=True, help="folders written by the train stage")
+    k.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.command == "pick":
+        name, report = pick(args.models, args.out)
+        print(f"picked {name} → {args.out}: {json.dumps(report[name])}")
+        return
     if args.command == "cache":
         records = [r for r in read(args.data) if not r.get("skipped")][: args.limit]
         n = cache(records, args.out, None if args.sentence_mode == "none" else args.sentence_mode)
