@@ -108,7 +108,7 @@ def test_training_the_projection_lowers_the_distillation_loss(bare):
 
     def loss(projection) -> float:
         p, s, m = scores(projection, t)
-        return float(MultiGranularKLLoss()(t["t_psg"], p, t["t_sent"], s, m)["loss"])
+        return float(MultiGranularKLLoss()(t["t_psg"], p, t["t_sent"], s, m)["loss"].detach())
 
     start = principal_projection(records, 8)
     assert torch.allclose(start.weight @ start.weight.T, torch.eye(8), atol=1e-4)  # orthonormal rows
