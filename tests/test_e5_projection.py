@@ -157,3 +157,21 @@ def test_the_shipped_e5_projection_loads_verified_on_e5s_own_weights():
     hits = Ranker(model).rank("Who built the Eiffel Tower?", [Passage("a", TEXTS[0]), Passage("b", TEXTS[1])],
                               granularity="sentence")
     assert hits[0].passage_id == "b"
+
+
+def test_another_backbone_learns_from_the_same_teacher_logits(bare, make_tiny_encoder):
+    from training.e5_projection import cache_chunk, restudent_chunk
+    from training.e5_teacher import E5Teacher
+
+    records = [_record("why do corals bleach?"), _record("when was the tower built?", gold=1)]
+    taught = cache_chunk(records, bare, E5Teacher(loaded=(bare.backbone, bare.tokenizer)), "text")
+    other = make_tiny_encoder(doc_maxlen=64, dim=None, seed=3).with_settings(query_augmentation=False)
+    moved = restudent_chunk(records, taught, other)
+    for t, m in zip(taught, moved):
+        assert m["query"].shape[1] == other.dim and not torch.equal(m["query"][:2], t["query"][:2])
+        for tp, mp in zip(t["passages"], m["passages"]):
+            assert mp["teacher"] == tp["teacher"] and mp["teacher_sentences"] == tp["teacher_sentences"]
+            # the other model's own token rows, every sentence still has tokens
+            assert set(mp["segments"][mp["scored"]].tolist()) - {-1} == set(range(mp["n_sent"]))
+    with pytest.raises(ValueError, match="does not hold these records"):
+        restudent_chunk(records[::-1], taught, other)

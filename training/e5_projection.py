@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from agrame.encoder import E5_SMALL, Encoder, load_encoder
+from agrame.encoder import E5_SMALL, ZERO_SHOT, Encoder, load_encoder
 from agrame.spans import token_segments
 
 from .e5_teacher import MODES, TEMPERATURE, E5Teacher
@@ -110,14 +110,38 @@ def cache_chunk(records: Sequence[dict], encoder: Encoder, teacher: E5Teacher, m
     return out
 
 
-def cache(records: Sequence[dict], out: Path, mode: Optional[str], encoder: Optional[Encoder] = None) -> int:
-    """Write ``out/chunk-NNNNN.pt`` for every ``CHUNK`` records not cached yet; returns the chunk count."""
+def restudent_chunk(records: Sequence[dict], taught: Sequence[dict], encoder: Encoder) -> List[dict]:
+    """``taught`` (an e5 cache of the same ``records``) with every vector and sentence id from ``encoder``
+    instead: another student backbone under the same teacher logits, without running e5 again."""
+    texts = sorted({p["text"] for r in records for p in r["passages"]})
+    inputs = {t: encoder.passage_inputs(t) for t in texts}
+    hidden = dict(zip(texts, _hidden(encoder, [inputs[t][0] for t in texts])))
+    q_hidden = _hidden(encoder, encoder.query_inputs([r["question"] for r in records], None)[0])
+    out = []
+    for r, t, qh in zip(records, taught, q_hidden):
+        if t["qid"] != r["qid"] or len(t["passages"]) != len(r["passages"]):
+            raise ValueError(f"the teacher cache does not hold these records (record {r['qid']} vs {t['qid']})")
+        passages = []
+        for p, tp in zip(r["passages"], t["passages"]):
+            _, scored, offsets = inputs[p["text"]]
+            seg = token_segments(torch.tensor(offsets, dtype=torch.long), [tuple(x) for x in p["sentences"]])
+            passages.append({**tp, "vectors": _unit(hidden[p["text"]]).half(), "scored": torch.tensor(scored),
+                             "segments": seg.to(torch.int16)})
+        out.append({**t, "query": _unit(qh).half(), "passages": passages})
+    return out
+
+
+def cache(records: Sequence[dict], out: Path, mode: Optional[str], encoder: Optional[Encoder] = None,
+          teacher_from: Optional[Path] = None) -> int:
+    """Write ``out/chunk-NNNNN.pt`` for every ``CHUNK`` records not cached yet; returns the chunk count.
+    ``teacher_from``: an e5 cache of the same records whose teacher logits are kept (``encoder``: another
+    backbone, e.g. zero-shot MiniLM, as the student)."""
     from tqdm.auto import tqdm
 
     encoder = encoder or load_encoder(E5_SMALL)
     if encoder.projection is not None or encoder.settings.query_augmentation:
         raise ValueError("cache the backbone's own vectors: an encoder without projection or [MASK] padding")
-    teacher = E5Teacher(loaded=(encoder.backbone, encoder.tokenizer))
+    teacher = None if teacher_from else E5Teacher(loaded=(encoder.backbone, encoder.tokenizer))
     out.mkdir(parents=True, exist_ok=True)
     (out / "meta.json").write_text(json.dumps({"sentence_mode": mode, "model": encoder.source,
                                                "fingerprint": encoder.fingerprint()[:12], "records": len(records)}))
@@ -126,7 +150,11 @@ def cache(records: Sequence[dict], out: Path, mode: Optional[str], encoder: Opti
         path = out / f"chunk-{i:05d}.pt"
         if path.exists():
             continue
-        part = cache_chunk(records[i * CHUNK:(i + 1) * CHUNK], encoder, teacher, mode)
+        chunk = records[i * CHUNK:(i + 1) * CHUNK]
+        if teacher_from is not None:
+            part = restudent_chunk(chunk, torch.load(Path(teacher_from) / path.name, weights_only=False), encoder)
+        else:
+            part = cache_chunk(chunk, encoder, teacher, mode)
         tmp = path.with_suffix(".tmp")
         torch.save(part, tmp)
         tmp.replace(path)
@@ -268,13 +296,14 @@ def train(train_records: Sequence[dict], held: Dict[str, Sequence[dict]], guard:
     return projection, {"chosen_step": best["step"], "chosen": best, "reference_384d": reference, "history": history}
 
 
-def projected_model(projection: nn.Linear) -> Encoder:
-    """e5-small (its settings: prefixes, no markers, α 0.5) with ``projection`` after the frozen backbone."""
+def projected_model(projection: nn.Linear, base_name: str = E5_SMALL) -> Encoder:
+    """A zero-shot backbone — e5-small (prefixes, no markers, α 0.5) or MiniLM (``zero-shot``) — with
+    ``projection`` after it, the backbone frozen, its settings otherwise unchanged."""
     import dataclasses
 
-    base = load_encoder(E5_SMALL)
+    base = load_encoder(base_name)
     settings = dataclasses.replace(base.settings, dim=projection.out_features)
-    return Encoder(base.backbone, base.tokenizer, settings, projection, source="e5-small-kd-projection")
+    return Encoder(base.backbone, base.tokenizer, settings, projection, source=f"{base_name}-kd-projection")
 
 
 def pick(models: Sequence[Path], out: Path) -> Tuple[str, dict]:
@@ -309,12 +338,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     c.add_argument("--sentence-mode", choices=(*MODES, "none"), default="text",
                    help="teacher sentence logits (none: for held-out and guard records, which need none)")
     c.add_argument("--limit", type=int, default=None)
+    c.add_argument("--teacher-from", type=Path, default=None,
+                   help="e5 cache of the same records: keep its teacher logits, vectors from --model")
     t = sub.add_parser("train", help="the projection, distilled on cached records")
     t.add_argument("--train", type=Path, nargs="+", required=True, help="cache folders")
     t.add_argument("--held", type=Path, nargs="+", required=True, help="cache folders of held-out train records")
     t.add_argument("--guard", type=Path, nargs="*", default=[], help="cache folders of guard records")
     t.add_argument("--out", type=Path, required=True, help="model folder written (a delta over e5: --model OUT)")
     t.add_argument("--dim", type=int, default=128)
+    for q in (c, t):
+        q.add_argument("--model", choices=(E5_SMALL, ZERO_SHOT), default=E5_SMALL,
+                       help="the frozen student backbone (its vectors are what the cache holds)")
     t.add_argument("--steps", type=int, default=2000)
     t.add_argument("--batch-size", type=int, default=16)
     t.add_argument("--lr", type=float, default=1e-3)
@@ -334,7 +368,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         return
     if args.command == "cache":
         records = [r for r in read(args.data) if not r.get("skipped")][: args.limit]
-        n = cache(records, args.out, None if args.sentence_mode == "none" else args.sentence_mode)
+        n = cache(records, args.out, None if args.sentence_mode == "none" else args.sentence_mode,
+                  load_encoder(args.model), args.teacher_from)
         print(f"cached {len(records)} records in {n} chunks under {args.out}")
         return
     train_records = [r for folder in args.train for r in load_cached(folder)]
@@ -343,14 +378,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     projection, report = train(train_records, held, guard, args.dim, args.steps, args.batch_size, args.lr,
                                args.sentence_weight, args.eval_every, args.tolerance, args.seed,
                                gold_strength=args.gold_strength)
-    from agrame.delta import BASE_E5, export_delta
+    from agrame.delta import BASE_E5, BASE_MINILM, export_delta
 
     # the backbone is e5's own: the delta holds the projection alone (float16, ~100 KB at 128-d)
-    meta = export_delta(projected_model(projection), args.out, base=BASE_E5)
+    meta = export_delta(projected_model(projection, args.model), args.out,
+                        base=BASE_E5 if args.model == E5_SMALL else BASE_MINILM)
     report.update({"train": [str(f) for f in args.train], "train_records": len(train_records),
                    "held": [str(f) for f in args.held], "guard": [str(f) for f in args.guard],
                    "settings": {k: getattr(args, k) for k in ("dim", "steps", "batch_size", "lr", "sentence_weight",
-                                                               "eval_every", "tolerance", "seed", "gold_strength")}})
+                                                               "eval_every", "tolerance", "seed", "gold_strength",
+                                                               "model")}})
     (args.out / "training.json").write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out} (fingerprint {meta['fingerprint'][:12]}): step {report['chosen_step']} chosen, "
           f"{json.dumps(report['chosen'])}")
