@@ -129,15 +129,17 @@ def test_pick_copies_the_best_held_out_model(tmp_path):
     from training.e5_projection import pick
 
     folders = []
-    for name, held in (("g0", 80.0), ("g5", 82.5), ("g9", 82.5)):
+    for name, held, deficit in (("g0", 80.0, -1.0), ("g5", 82.5, 1.0), ("g9", 82.5, 0.0), ("g2", 90.0, 2.5)):
         folder = tmp_path / name
         folder.mkdir()
         (folder / "delta.json").write_text(name)
         (folder / "training.json").write_text(json.dumps(
-            {"chosen": {"held_sentence_p1": held, "guard_deficit": -1.0}, "settings": {"gold_strength": 0}}))
+            {"chosen": {"held_sentence_p1": held, "guard_deficit": deficit},
+             "settings": {"gold_strength": 0, "tolerance": 1.0}}))
         folders.append(folder)
     name, rows = pick(folders, tmp_path / "out")
-    assert name == "g5" and set(rows) == {"g0", "g5", "g9"}  # the first of equals
+    # g2 is best held out but 2.5 points below on a guard set: not admissible; g5 is the first of equals
+    assert name == "g5" and set(rows) == {"g0", "g5", "g9", "g2"}
     assert (tmp_path / "out" / "delta.json").read_text() == "g5"
     assert json.loads((tmp_path / "out" / "pick.json").read_text())["picked"] == "g5"
 

@@ -293,7 +293,9 @@ def train(train_records: Sequence[dict], held: Dict[str, Sequence[dict]], guard:
                 best, best_state = row, {k: v.clone() for k, v in projection.state_dict().items()}
     if keep == "best":
         projection.load_state_dict(best_state)
-    return projection, {"chosen_step": best["step"], "chosen": best, "reference_384d": reference, "history": history}
+    # admissible: false when not even the principal start stays within the guard tolerance (then step 0 is kept)
+    return projection, {"chosen_step": best["step"], "chosen": best, "admissible": best["guard_deficit"] <= tolerance,
+                        "reference_384d": reference, "history": history}
 
 
 def projected_model(projection: nn.Linear, base_name: str = E5_SMALL) -> Encoder:
@@ -316,7 +318,9 @@ def pick(models: Sequence[Path], out: Path) -> Tuple[str, dict]:
         report = json.loads((Path(folder) / "training.json").read_text())
         rows[Path(folder).name] = {"held_sentence_p1": report["chosen"]["held_sentence_p1"],
                                    "guard_deficit": report["chosen"]["guard_deficit"], "settings": report["settings"]}
-    best = max(models, key=lambda f: rows[Path(f).name]["held_sentence_p1"])  # the first of equals
+    # an admissible model before any other, then the better held-out sentence P@1 (the first of equals)
+    best = max(models, key=lambda f: (rows[Path(f).name]["guard_deficit"] <= rows[Path(f).name]["settings"].get(
+        "tolerance", 1.0), rows[Path(f).name]["held_sentence_p1"]))
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(best, tmp)
