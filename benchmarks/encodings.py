@@ -80,6 +80,7 @@ class MultiVectorCache:
         self.folder = cache_root() / f"{name}-{encoder.fingerprint()[:12]}-{_hash(self.texts)}"
         self.n_shards = (len(self.texts) + SHARD - 1) // SHARD
         self._shards: List[EncodedCorpus] = []
+        self._base: Path | None = None  # where the unprojected backbone's cache would be (projected_base)
 
     def ensure(self) -> "MultiVectorCache":
         """Encode missing shards (one builder at a time: leftovers of killed runs are removed)."""
@@ -112,12 +113,13 @@ class MultiVectorCache:
         projection = self.encoder.projection
         if projection is None or getattr(projection, "bias", None) is not None:
             return None
-        bare = Encoder(self.encoder.backbone, self.encoder.tokenizer,
-                       dataclasses.replace(self.encoder.settings, dim=None), None, source=self.encoder.source)
-        folder = self.folder.with_name(self.folder.name.replace(self.encoder.fingerprint()[:12],
-                                                                 bare.fingerprint()[:12]))
-        complete = all((folder / f"shard-{i:05d}").exists() for i in range(self.n_shards))
-        return folder if complete else None
+        if self._base is None:  # hashing the backbone's weights once (seconds for e5)
+            bare = Encoder(self.encoder.backbone, self.encoder.tokenizer,
+                           dataclasses.replace(self.encoder.settings, dim=None), None, source=self.encoder.source)
+            self._base = self.folder.with_name(self.folder.name.replace(self.encoder.fingerprint()[:12],
+                                                                         bare.fingerprint()[:12]))
+        complete = all((self._base / f"shard-{i:05d}").exists() for i in range(self.n_shards))
+        return self._base if complete else None
 
     def select(self, indices: Sequence[int]) -> EncodedCorpus:
         """Encoded passages ``indices`` (positions in ``texts``), in that order."""

@@ -46,19 +46,9 @@ from agrame.spans import token_segments
 
 from .e5_teacher import MODES, TEMPERATURE, E5Teacher
 from .losses import MultiGranularKLLoss
-from .student import late_interaction
+from .student import _pad, late_interaction
 
 CHUNK = 100  # records per cache file
-
-
-def _pad_rows(rows: Sequence[Sequence[int]], pad: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.tensor(r)
-        mask[i, :len(r)] = 1
-    return ids, mask
 
 
 @torch.inference_mode()
@@ -68,7 +58,7 @@ def _hidden(encoder: Encoder, rows: Sequence[Sequence[int]], batch_size: int = 1
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
     for b in range(0, len(order), batch_size):
         idx = order[b:b + batch_size]
-        ids, mask = _pad_rows([rows[i] for i in idx], encoder.tokenizer.pad_token_id)
+        ids, mask = _pad([rows[i] for i in idx], encoder.tokenizer.pad_token_id)
         h = encoder.backbone(input_ids=ids, attention_mask=mask).last_hidden_state
         for k, i in enumerate(idx):
             out[i] = h[k, :len(rows[i])].clone()
@@ -79,27 +69,37 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
     return nn.functional.normalize(x.float(), dim=-1)
 
 
-def cache_chunk(records: Sequence[dict], encoder: Encoder, teacher: E5Teacher, mode: Optional[str]) -> List[dict]:
-    """The cached form of ``records`` (see the module docstring)."""
+def _backbone_pass(records: Sequence[dict], encoder: Encoder):
+    """The backbone once over ``records``: each distinct passage's inputs (training.student's one window)
+    and hidden states, and each question's hidden states (its own row, no marker)."""
     texts = sorted({p["text"] for r in records for p in r["passages"]})
     inputs = {t: encoder.passage_inputs(t) for t in texts}
     hidden = dict(zip(texts, _hidden(encoder, [inputs[t][0] for t in texts])))
+    q_hidden = _hidden(encoder, encoder.query_inputs([r["question"] for r in records], None)[0])
+    return texts, inputs, hidden, q_hidden
+
+
+def _student_fields(p: dict, inputs: dict, hidden: dict) -> dict:
+    """A passage's cached student side: unit token vectors, scored positions, each token's sentence."""
+    _, scored, offsets = inputs[p["text"]]
+    seg = token_segments(torch.tensor(offsets, dtype=torch.long), [tuple(s) for s in p["sentences"]])
+    return {"vectors": _unit(hidden[p["text"]]).half(), "scored": torch.tensor(scored), "segments": seg.to(torch.int16)}
+
+
+def cache_chunk(records: Sequence[dict], encoder: Encoder, teacher: E5Teacher, mode: Optional[str]) -> List[dict]:
+    """The cached form of ``records`` (see the module docstring)."""
+    texts, inputs, hidden, q_hidden = _backbone_pass(records, encoder)
     width = encoder._window_width()
-    long = [t for t in texts if len(encoder._tokenize([t])[0][0]) > width]
+    ids_list, _ = encoder._tokenize(texts)
+    long = [t for t, ids in zip(texts, ids_list) if len(ids) > width]
     exact = dict(zip(long, teacher._embed(long, teacher.passage_prefix))) if long else {}
-    q_rows = encoder.query_inputs([r["question"] for r in records], None)[0]
-    q_hidden = _hidden(encoder, q_rows)
     out = []
     for r, qh in zip(records, q_hidden):
         q_vec = _unit(qh.mean(0))  # e5's query vector: the mean of its "query: …" row
         passages = []
         for p in r["passages"]:
-            row, scored, offsets = inputs[p["text"]]
-            h = hidden[p["text"]]
-            p_vec = torch.from_numpy(exact[p["text"]]) if p["text"] in exact else _unit(h.mean(0))
-            seg = token_segments(torch.tensor(offsets, dtype=torch.long), [tuple(s) for s in p["sentences"]])
-            passages.append({"vectors": _unit(h).half(), "scored": torch.tensor(scored),
-                             "segments": seg.to(torch.int16), "n_sent": len(p["sentences"]),
+            p_vec = torch.from_numpy(exact[p["text"]]) if p["text"] in exact else _unit(hidden[p["text"]].mean(0))
+            passages.append({**_student_fields(p, inputs, hidden), "n_sent": len(p["sentences"]),
                              "teacher": float(p_vec @ q_vec) / TEMPERATURE,
                              "positive": bool(p.get("positive")), "answer_sentences": p.get("answer_sentences", [])})
         # mode None: evaluation records, which need no sentence logits (the costly half of the teacher)
@@ -113,20 +113,12 @@ def cache_chunk(records: Sequence[dict], encoder: Encoder, teacher: E5Teacher, m
 def restudent_chunk(records: Sequence[dict], taught: Sequence[dict], encoder: Encoder) -> List[dict]:
     """``taught`` (an e5 cache of the same ``records``) with every vector and sentence id from ``encoder``
     instead: another student backbone under the same teacher logits, without running e5 again."""
-    texts = sorted({p["text"] for r in records for p in r["passages"]})
-    inputs = {t: encoder.passage_inputs(t) for t in texts}
-    hidden = dict(zip(texts, _hidden(encoder, [inputs[t][0] for t in texts])))
-    q_hidden = _hidden(encoder, encoder.query_inputs([r["question"] for r in records], None)[0])
+    _, inputs, hidden, q_hidden = _backbone_pass(records, encoder)
     out = []
     for r, t, qh in zip(records, taught, q_hidden):
         if t["qid"] != r["qid"] or len(t["passages"]) != len(r["passages"]):
             raise ValueError(f"the teacher cache does not hold these records (record {r['qid']} vs {t['qid']})")
-        passages = []
-        for p, tp in zip(r["passages"], t["passages"]):
-            _, scored, offsets = inputs[p["text"]]
-            seg = token_segments(torch.tensor(offsets, dtype=torch.long), [tuple(x) for x in p["sentences"]])
-            passages.append({**tp, "vectors": _unit(hidden[p["text"]]).half(), "scored": torch.tensor(scored),
-                             "segments": seg.to(torch.int16)})
+        passages = [{**tp, **_student_fields(p, inputs, hidden)} for p, tp in zip(r["passages"], t["passages"])]
         out.append({**t, "query": _unit(qh).half(), "passages": passages})
     return out
 
@@ -277,7 +269,8 @@ def train(train_records: Sequence[dict], held: Dict[str, Sequence[dict]], guard:
         # group by passage count: SciFact-style records may carry fewer passages
         first = train_records[order[0]]
         pick = [i for i in order if len(train_records[i]["passages"]) == len(first["passages"])][:batch_size]
-        order = [i for i in order if i not in set(pick)]
+        taken = set(pick)
+        order = [i for i in order if i not in taken]
         t = batch_tensors([train_records[i] for i in pick], gold_strength)
         passage, sentence, mask = scores(projection, t)
         loss = criterion(t["t_psg"], passage, t["t_sent"], sentence, mask)["loss"]

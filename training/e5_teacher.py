@@ -98,11 +98,11 @@ def agreement(records: Sequence[dict], modes: Sequence[str] = MODES, teacher: Op
         if not gold or not r["passages"][gold[0]].get("answer_sentences"):
             continue
         g = gold[0]
-        s = teacher.scores(r, modes[0], sentences_of=[g])
-        passage_hits.append(float(int(np.argmax(s["passages"])) in gold))
         q = teacher._embed([r["question"]], teacher.query_prefix)[0]
-        for m in modes:
-            logits = s["sentences"][g] if m == modes[0] else teacher.sentence_logits(q, r["passages"], m, [g])[g]
+        p = teacher._embed([x["text"] for x in r["passages"]], teacher.passage_prefix)
+        passage_hits.append(float(int(np.argmax(p @ q)) in gold))
+        for m in modes:  # only the gold passage's sentences are ranked
+            logits = teacher.sentence_logits(q, r["passages"], m, [g])[g]
             hits[m].append(float(int(np.argmax(logits)) in r["passages"][g]["answer_sentences"]))
     return {"records": len(passage_hits), "passage_p1": round(100 * float(np.mean(passage_hits)), 1),
             "sentence_p1": {m: round(100 * float(np.mean(v)), 1) for m, v in hits.items()},
