@@ -177,3 +177,23 @@ def test_another_backbone_learns_from_the_same_teacher_logits(bare, make_tiny_en
             assert set(mp["segments"][mp["scored"]].tolist()) - {-1} == set(range(mp["n_sent"]))
     with pytest.raises(ValueError, match="does not hold these records"):
         restudent_chunk(records[::-1], taught, other)
+
+
+def test_the_cli_refuses_bad_input_with_exit_2(tmp_path, capsys):
+    from training.e5_projection import main
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q"\n')
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [(["cache", "--data", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "c")], "no such file"),
+             (["cache", "--data", str(bad), "--out", str(tmp_path / "c")], "not JSON lines"),
+             (["cache", "--data", str(bad), "--out", str(tmp_path / "c"), "--limit", "0"], "--limit must be"),
+             (["train", "--train", str(empty), "--held", str(empty), "--out", str(tmp_path / "m")],
+              "no cached records"),
+             (["pick", "--models", str(empty), "--out", str(tmp_path / "p")], "no training.json")]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "c").exists() and not (tmp_path / "m").exists() and not (tmp_path / "p").exists()

@@ -144,7 +144,10 @@ def cache(records: Sequence[dict], out: Path, mode: Optional[str], encoder: Opti
             continue
         chunk = records[i * CHUNK:(i + 1) * CHUNK]
         if teacher_from is not None:
-            part = restudent_chunk(chunk, torch.load(Path(teacher_from) / path.name, weights_only=False), encoder)
+            taught = Path(teacher_from) / path.name
+            if not taught.exists():
+                raise ValueError(f"{teacher_from}: no {path.name} (the teacher cache holds fewer records)")
+            part = restudent_chunk(chunk, torch.load(taught, weights_only=False), encoder)
         else:
             part = cache_chunk(chunk, encoder, teacher, mode)
         tmp = path.with_suffix(".tmp")
@@ -359,19 +362,45 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     k.add_argument("--models", type=Path, nargs="+", required=True, help="folders written by the train stage")
     k.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    for name in ("limit", "dim", "steps", "batch_size", "eval_every"):
+        if getattr(args, name, None) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+
+    def cached(folder: Path) -> Path:
+        if not any(Path(folder).glob("chunk-*.pt")):
+            parser.error(f"{folder}: no cached records (make them: python -m training.e5_projection cache "
+                         f"--data … --out {folder})")
+        return folder
+
     if args.command == "pick":
+        for folder in args.models:
+            if not (folder / "training.json").is_file():
+                parser.error(f"{folder}: no training.json (not a folder the train stage wrote)")
         name, report = pick(args.models, args.out)
         print(f"picked {name} → {args.out}: {json.dumps(report[name])}")
         return
     if args.command == "cache":
-        records = [r for r in read(args.data) if not r.get("skipped")][: args.limit]
-        n = cache(records, args.out, None if args.sentence_mode == "none" else args.sentence_mode,
-                  load_encoder(args.model), args.teacher_from)
+        if not Path(args.data).is_file():
+            parser.error(f"--data {args.data}: no such file")
+        if args.teacher_from is not None:
+            cached(args.teacher_from)
+        try:
+            records = [r for r in read(args.data) if not r.get("skipped")][: args.limit]
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            parser.error(f"--data {args.data}: not JSON lines ({exc})")
+        if not records or any(not isinstance(r, dict) or "question" not in r or "passages" not in r
+                              for r in records):
+            parser.error(f"--data {args.data}: no records with 'question' and 'passages' (python -m training.mined)")
+        try:
+            n = cache(records, args.out, None if args.sentence_mode == "none" else args.sentence_mode,
+                      load_encoder(args.model), args.teacher_from)
+        except ValueError as exc:  # a teacher cache of other records; chunks written so far are whole
+            parser.error(str(exc))
         print(f"cached {len(records)} records in {n} chunks under {args.out}")
         return
-    train_records = [r for folder in args.train for r in load_cached(folder)]
-    held = {f.name: load_cached(f) for f in args.held}
-    guard = {f.name: load_cached(f) for f in args.guard}
+    train_records = [r for folder in args.train for r in load_cached(cached(folder))]
+    held = {f.name: load_cached(cached(f)) for f in args.held}
+    guard = {f.name: load_cached(cached(f)) for f in args.guard}
     projection, report = train(train_records, held, guard, args.dim, args.steps, args.batch_size, args.lr,
                                args.sentence_weight, args.eval_every, args.tolerance, args.seed,
                                gold_strength=args.gold_strength)
