@@ -5,6 +5,7 @@
     python -m benchmarks.index_search run --dataset squad-dev --first-stage agrame --nbits 2
     python -m benchmarks.index_search run --dataset nq-oracle --first-stage exact
     python -m benchmarks.index_search latency --nbits 2           # ms per query, 2 threads
+    python -m benchmarks.index_search build-time --models squad-a1 e5-kd-128   # build time, one run
     python -m benchmarks.index_search scale --tokens 10000000     # synthetic clustered tokens
 
 ``--first-stage agrame`` searches the compressed index (passages: top 100; sentences: top 5
@@ -40,7 +41,7 @@ from agrame.ranker import _top, score_corpus
 from agrame import scoring
 
 from .common import command_line, peak_rss_mb, sample, squad_paragraphs, write_result
-from .data import Pool, load_pool, load_questions, squad_id
+from .data import Pool, load_pool, load_questions, restrict_pool, squad_id
 from .encodings import MultiVectorCache, _hash, cache_root, pool_sentences
 from .metrics import summarize
 from .open_domain import judge
@@ -54,9 +55,9 @@ CHOOSE_GRID = {"nprobe": (2, 4, 8), "ncandidates": (128, 256, 512, 1024, 2048)}
 class PoolVectors:
     """The pool's cached multi-vector encodings (``benchmarks.encodings``) as one corpus."""
 
-    def __init__(self, model: Optional[str] = None):
+    def __init__(self, model: Optional[str] = None, pool: Optional[Pool] = None):
         self.encoder = load_encoder(model)
-        self.pool = load_pool()
+        self.pool = pool if pool is not None else load_pool()
         self.spans = pool_sentences(self.pool)
         self.cache = MultiVectorCache(self.encoder, self.pool.texts, "colbert-pool", self.spans)
         self._corpus: Optional[EncodedCorpus] = None
@@ -78,7 +79,7 @@ class PoolVectors:
 def _exact_rankings_files(dataset: str, tag: Optional[str]) -> List[Path]:
     """The exact scan's cached rankings made with the same model (runs of another model carry its --tag)."""
     pattern = re.compile(rf"index_search-{re.escape(dataset)}-exact(-s\d+)?" + (f"-{re.escape(tag)}" if tag else "")
-                         + "-rankings\.json")
+                         + r"-rankings\.json")
     return sorted(p for p in cache_root().glob(f"index_search-{dataset}-exact*-rankings.json")
                   if pattern.fullmatch(p.name))
 
@@ -387,6 +388,66 @@ def cmd_latency(args) -> None:
     print(result, "→", out)
 
 
+def cmd_build_time(args) -> None:
+    """The pooled index's build time for each of ``--models``, measured in one run so the ratios compare.
+
+    Building is encoding every pool passage, then compressing the vectors. The first part is timed on
+    a seeded sample of the pool (``--passages``, the same passages for every model, after a warm-up)
+    and scaled to the pool by passage count; the second is timed whole, from the cached pool vectors
+    (``benchmarks.encodings``), into a scratch folder. Every encoding of a model is done before any
+    compression, so the models' encodings see the same machine state.
+    """
+    import gc
+    import tempfile
+
+    torch.set_num_threads(args.threads)
+    pool = load_pool()
+    if args.pool_limit is not None:
+        pool, _ = restrict_pool(pool, [], args.pool_limit, args.seed)
+    chosen = sorted(sample(range(len(pool)), args.passages, args.seed))
+    texts = [pool.texts[i] for i in chosen]
+    rows = []
+    for model in args.models:
+        encoder = load_encoder(model)
+        encoder.encode_passages(texts[:16])  # warm-up: lazy loads, allocator
+        start = time.perf_counter()
+        encoded = encoder.encode_passages(texts)
+        seconds = time.perf_counter() - start
+        tokens = sum(e.vectors.shape[0] for e in encoded)
+        rows.append({"model": model, "source": encoder.source, "dim": encoder.dim,
+                     "sample_encode_seconds": round(seconds, 1), "sample_tokens": tokens,
+                     "encode_seconds_pool_estimate": round(seconds * len(pool) / len(texts), 1)})
+        del encoder, encoded
+    for row in rows:
+        vectors = PoolVectors(row["model"], pool)
+        corpus = vectors.corpus()
+        passages = [Passage(str(i), t) for i, t in enumerate(pool.texts)]
+        with tempfile.TemporaryDirectory(dir=cache_root(), prefix=".build-time-") as tmp:
+            start = time.perf_counter()
+            build_compressed(vectors.encoder, passages, Path(tmp) / "index", nbits=args.nbits,
+                             sentences=vectors.spans, encoded=corpus, progress=False)
+            row["compress_seconds"] = round(time.perf_counter() - start, 1)
+        row["pool_tokens"] = corpus.num_tokens
+        row["build_seconds_estimate"] = round(row["encode_seconds_pool_estimate"] + row["compress_seconds"], 1)
+        del vectors, corpus
+        gc.collect()
+    base = rows[0]["build_seconds_estimate"]
+    for row in rows:
+        row["ratio_to_first"] = round(row["build_seconds_estimate"] / base, 2)
+    result = {"benchmark": "index_search", "what": "build time", "nbits": args.nbits, "threads": args.threads,
+              "pool_passages": len(pool),
+              "sample": {"passages": len(texts), "seed": args.seed, "of": "the pooled corpus"},
+              "protocol": "encode: the sample's time × pool passages / sample passages; compress: the whole "
+                          "pool from cached vectors; every model in this one run",
+              "models": rows}
+    name = "index_search-build-time-" + "-vs-".join(re.sub(r"[^A-Za-z0-9.]+", "_", Path(m).name) for m in args.models)
+    out = write_result(name, result, args.out, command_line("benchmarks.index_search", ["build-time", *args.argv]))
+    for row in rows:
+        print(f"{row['model']}: encode ≈ {row['encode_seconds_pool_estimate']} s + compress {row['compress_seconds']} s"
+              f" = {row['build_seconds_estimate']} s (×{row['ratio_to_first']})")
+    print(f"→ {out}")
+
+
 class SyntheticSource:
     """Clustered unit token vectors generated chunk by chunk (seeded), as an index build input.
 
@@ -590,10 +651,18 @@ def main(argv=None) -> None:
         p.add_argument("--model", default=None, help="multi-vector model (default: the package default)")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--tag", default=None, help="label of the model (kept in result file names, e.g. zeroshot)")
+    bt = sub.add_parser("build-time", help="pooled-index build time of several models, in one run")
+    bt.add_argument("--models", nargs="+", required=True, help="multi-vector models; ratios are to the first")
+    bt.add_argument("--passages", type=int, default=1000, help="pool passages encoded per model (seeded sample)")
+    bt.add_argument("--nbits", type=int, default=2)
+    bt.add_argument("--threads", type=int, default=2)
+    bt.add_argument("--seed", type=int, default=0)
+    bt.add_argument("--out", default=None, help="result file (default: benchmarks/results/…)")
+    bt.add_argument("--pool-limit", type=int, default=None, help="smoke tests only: this many pool passages")
     args = parser.parse_args(argv)
-    args.argv = list(argv if argv is not None else os.sys.argv[2:])
+    args.argv = list(argv[1:] if argv is not None else os.sys.argv[2:])  # the arguments after the subcommand
     {"build": cmd_build, "run": cmd_run, "choose": cmd_choose, "latency": cmd_latency,
-     "scale": cmd_scale}[args.cmd](args)
+     "scale": cmd_scale, "build-time": cmd_build_time}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -175,3 +175,24 @@ def test_index_scale_smoke(tmp_path):
     assert r["bytes_per_token"] > 32  # 2-bit residuals of 128 dims, plus codes (centroids weigh much at this size)
     assert r["search"]["queries"] == 3 and r["search"]["median_ms"] > 0
     assert 0 < r["search"]["peak_rss_mb"] < 2000
+
+
+def test_index_build_time_smoke(tmp_path, tiny_model_dir):
+    # Two models in one run: the first is the reference of the ratios; the second is the same model,
+    # so its estimate is the same work measured again.
+    from benchmarks import index_search
+
+    out = tmp_path / "build-time.json"
+    index_search.main(["build-time", "--models", str(tiny_model_dir), str(tiny_model_dir), "--passages", "6",
+                       "--pool-limit", "30", "--threads", "1", "--out", str(out)])
+    r = json.loads(out.read_text())
+    assert r["pool_passages"] == 30 and r["sample"]["passages"] == 6
+    first, second = r["models"]
+    assert first["ratio_to_first"] == 1.0 and second["ratio_to_first"] > 0
+    for row in r["models"]:
+        assert row["sample_tokens"] > 0 and row["pool_tokens"] > row["sample_tokens"]
+        assert row["build_seconds_estimate"] == round(row["encode_seconds_pool_estimate"] + row["compress_seconds"], 1)
+        # the pool's estimate is the sample's time scaled by passage count (30 / 6)
+        assert row["encode_seconds_pool_estimate"] == pytest.approx(5 * row["sample_encode_seconds"], abs=0.2)
+    assert r["command"].startswith("python -m benchmarks.index_search build-time --models")
+    assert not list((tmp_path / "cache").glob(".build-time-*"))  # the scratch index is gone
