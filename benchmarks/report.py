@@ -768,6 +768,16 @@ def render_index_search(results: List[dict], open_domain: List[dict] | None = No
                        f"{r['search']['ncandidates']} | {t['median']} | {t['p95']} | {s['median']} | {s['p95']} | "
                        f"{r['peak_rss_mb']} |")
         out += ["", _commands(latency), ""]
+    for r in (r for r in results if r.get("what") == "build time"):
+        out += ["### Build time of the pooled index (models side by side, one run)", "",
+                f"{r['protocol']}; {r['sample']['passages']:,} of {r['pool_passages']:,} passages sampled (seed "
+                f"{r['sample']['seed']}), {r['nbits']}-bit residuals, {r['threads']} threads.", "",
+                "| model | dim | pool tokens | encode s (estimate) | compress s | build s (estimate) | × first row |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
+        for m in r["models"]:
+            out.append(f"| {m['model']} | {m['dim']} | {m['pool_tokens']:,} | {m['encode_seconds_pool_estimate']} | "
+                       f"{m['compress_seconds']} | {m['build_seconds_estimate']} | {m['ratio_to_first']} |")
+        out += ["", _commands([r]), ""]
     scale = sorted((r for r in results if str(r.get("what", "")).startswith("scale")), key=lambda r: r["tokens"])
     if scale:
         out += ["### Scaling (synthetic clustered token vectors, 128-d)", "", f"Generator: {scale[0]['generator']}", "",

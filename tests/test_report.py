@@ -57,6 +57,20 @@ def test_index_search_section_from_inline_results():
             "| 40.0 | 70.0 | 98.5 | 99.0 |") in text
 
 
+def test_index_search_build_time_table():
+    from benchmarks.report import render_index_search
+
+    row = {"model": "a", "dim": 128, "pool_tokens": 4000, "encode_seconds_pool_estimate": 10.0, "compress_seconds": 5.0,
+           "build_seconds_estimate": 15.0, "ratio_to_first": 1.0}
+    r = {"benchmark": "index_search", "what": "build time", "nbits": 2, "threads": 2, "pool_passages": 30,
+         "sample": {"passages": 6, "seed": 0}, "protocol": "encode: scaled", "command": "python -m benchmarks.index_search build-time",
+         "date": "2026-11-25",
+         "models": [row, {**row, "model": "b", "pool_tokens": 5000, "build_seconds_estimate": 30.0, "ratio_to_first": 2.0}]}
+    text = render_index_search([r])
+    assert "6 of 30 passages sampled (seed 0)" in text
+    assert "| a | 128 | 4,000 | 10.0 | 5.0 | 15.0 | 1.0 |" in text and "| b | 128 | 5,000 | 10.0 | 5.0 | 30.0 | 2.0 |" in text
+
+
 def test_default_choice_section_compares_with_zero_shot():
     def full(tag, dataset, psg, sent):
         return {"benchmark": "open_domain", "dataset": dataset, "method": "colbert-zeroshot-psg", "tag": tag,
