@@ -196,3 +196,49 @@ def test_index_build_time_smoke(tmp_path, tiny_model_dir):
         assert row["encode_seconds_pool_estimate"] == pytest.approx(5 * row["sample_encode_seconds"], abs=0.2)
     assert r["command"].startswith("python -m benchmarks.index_search build-time --models")
     assert not list((tmp_path / "cache").glob(".build-time-*"))  # the scratch index is gone
+
+
+def test_choose_alpha_pool_protocol_matches_the_rerank_harness(tiny_model_dir):
+    # For each α, the top sentence is the one benchmarks.open_domain's harness ranks first with that α,
+    # and the P@1 table judges it as open_domain does (the answer offset's sentence of the gold paragraph).
+    from agrame.encoder import load_encoder
+    from agrame.spans import split_sentences
+    from benchmarks.common import sample, sentence_of, squad_paragraphs
+    from benchmarks.data import load_pool, restrict_pool, squad_id
+    from benchmarks.encodings import pool_sentences
+    from benchmarks.rerank import Harness
+    from training.choose_alpha import pool_sentence_p1_by_alpha, pool_top_sentences
+
+    full = load_pool()
+    paragraphs = sample(squad_paragraphs("train"), 6, 1)
+    pool, remap = restrict_pool(full, [full.alias[squad_id("train", p)] for p in paragraphs], 12, 0)
+    records = []
+    for p in paragraphs:
+        spans = [tuple(x) for x in split_sentences(p["context"])]
+        records.append({"question": p["qas"][0]["question"], "passages": [
+            {"text": p["context"], "sentences": spans, "positive": True,
+             "answer_sentences": [sentence_of(spans, p["qas"][0]["answer_start"])]}]})
+    records.append({"question": "not in the pool", "passages": [
+        {"text": "A paragraph no pool holds.", "sentences": [(0, 26)], "positive": True, "answer_sentences": [0]}]})
+    encoder = load_encoder(str(tiny_model_dir))
+    grid = (0.0, 1.0, 5.0)
+    tops = pool_top_sentences(encoder, records, grid, depth=8, pool=pool)
+    found = pool_sentence_p1_by_alpha(encoder, records, grid, depth=8, pool=pool)
+    assert found["questions_scored"] == 6 and found["gold_not_in_pool"] == 1 and tops[-1]["gold"] is None
+    spans = pool_sentences(pool)
+    changed = False
+    for a in grid:
+        harness = Harness("pool", pool.texts, spans, str(tiny_model_dir), a)
+        docs, _ = harness.bm25.retrieve([r["question"] for r in records], 8)
+        run, _ = harness.make("colbert-zeroshot-psg", [(str(i), r["question"]) for i, r in enumerate(records)])
+        hits = 0
+        for i, (p, r, cands, top) in enumerate(zip(paragraphs, records, docs, tops)):
+            passages, sentences = run(str(i), r["question"], cands)
+            owner = harness.owner(sentences[0])
+            assert top["top_sentence"][a] == (owner, harness.spans[owner][sentences[0] - harness.sent_starts[owner]][0])
+            assert top["top_passage"] == passages[0]
+            changed |= top["top_sentence"][a] != top["top_sentence"][grid[0]]
+            gold = remap[full.alias[squad_id("train", p)]]
+            hits += sentences[0] == harness.sent_starts[gold] + sentence_of(harness.spans[gold], p["qas"][0]["answer_start"])
+        assert found["sentence_p1_by_alpha"][a] == round(100 * hits / 6, 1)
+    assert changed  # α moved some top sentence: the comparison is not of one ranking with itself
