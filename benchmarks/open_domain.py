@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from tqdm.auto import tqdm
 
@@ -30,7 +30,7 @@ from .rerank import METHODS, Harness
 FIRST_STAGE_K = 100
 
 
-def judge(dataset: str, harness: Harness, q: Question, passages: List[int], sentences: List[int],
+def judge(dataset: str, harness: Harness, q: Question, passages: List[int], sentences: Optional[List[int]],
           cands) -> Dict[str, float]:
     """Per-question metrics; gold as described in the module docstring."""
     if q.gold_passage is not None:
@@ -43,14 +43,15 @@ def judge(dataset: str, harness: Harness, q: Question, passages: List[int], sent
         else:
             gold_sents = {gold_start + k for k in range(len(spans))
                           if has_answer(harness.sentences[gold_start + k], q.answers)}
-        sent_rel = [g in gold_sents for g in sentences]
+        sent_rel = [g in gold_sents for g in sentences or []]
     else:
         psg_rel = [has_answer(harness.texts[p], q.answers) for p in passages]
         first_stage = float(any(psg_rel))
-        sent_rel = [has_answer(harness.sentences[g], q.answers) for g in sentences]
+        sent_rel = [has_answer(harness.sentences[g], q.answers) for g in sentences or []]
         gold_sents = {True}
     out = {"psg_p1": precision_at_1(psg_rel), "psg_r5": recall_at_k(psg_rel, 5), "first_stage_r100": first_stage}
-    if gold_sents:  # nq-oracle: an answer split over two sentences has no gold sentence
+    # no gold sentence: nq-oracle's answer split over two sentences; no sentences: a passages-only run
+    if gold_sents and sentences is not None:
         out.update({"sent_p1": precision_at_1(sent_rel), "sent_r5": recall_at_k(sent_rel, 5)})
     return out
 
@@ -62,6 +63,8 @@ def main(argv=None) -> None:
     add_model_args(parser)
     parser.add_argument("--depth", type=int, default=FIRST_STAGE_K,
                         help=f"BM25 candidates re-ranked per question (default {FIRST_STAGE_K})")
+    parser.add_argument("--passages-only", action="store_true",
+                        help="single-vector: rank passages only (no sentence vectors; no sentence metrics)")
     parser.add_argument("--pool-limit", type=int, default=None,
                         help="smoke tests only: gold passages plus this many others (not comparable)")
     args = parser.parse_args(argv)
@@ -83,7 +86,8 @@ def main(argv=None) -> None:
     docs, _ = harness.bm25.retrieve([q.text for q in questions], min(args.depth, len(pool)))
     # A sample encodes only its candidates (a trained model need not encode the whole pool).
     needed = sorted({int(c) for row in docs for c in row}) if args.limit else None
-    method, info = harness.make(args.method, [(q.qid, q.text) for q in questions], needed=needed)
+    method, info = harness.make(args.method, [(q.qid, q.text) for q in questions], needed=needed,
+                                passages_only=args.passages_only)
     per_question = []
     start = time.perf_counter()
     for q, cands in tqdm(list(zip(questions, docs)), desc=f"{args.dataset} {args.method}", disable=None):

@@ -65,12 +65,16 @@ class Harness:
         return int(np.searchsorted(self.sent_starts, g, side="right")) - 1
 
     def make(self, method: str, queries: Sequence[Tuple[str, str]],
-             needed: Optional[Sequence[int]] = None) -> Tuple[Method, dict]:
+             needed: Optional[Sequence[int]] = None, passages_only: bool = False) -> Tuple[Method, dict]:
         """The ranking function of ``method`` and a description of its model and settings.
 
         ``needed``: the only passages that will be asked for (a sample's candidates); the
-        passage-level multi-vector method then encodes just those.
+        passage-level multi-vector method then encodes just those. ``passages_only`` (single
+        vectors): rank passages and return no sentence ranking, so the sentences' vectors (as many
+        tokens as the passages', for a 12-layer model an hour of these CPUs) are not needed.
         """
+        if passages_only and method != "single-vector":
+            raise SystemExit("error: passages only is for the single-vector method (the others rank both at once)")
         if method == "bm25":
             def run(qid, text, cands):
                 ids = self.sentence_ids(cands)
@@ -80,17 +84,21 @@ class Harness:
         if method == "single-vector":
             encoder = SingleVectorEncoder(self.baseline_model)
             psg = single_vectors(self.texts, f"sv-{self.name}", encoder)
-            sent = single_vectors(self.sentences, "sv-sentences", encoder)
+            sent = None if passages_only else single_vectors(self.sentences, "sv-sentences", encoder)
             qv = dict(zip((q for q, _ in queries), encoder.encode_queries([t for _, t in queries])))
 
             def run(qid, text, cands):
                 v = qv[qid]
-                ids = self.sentence_ids(cands)
                 p_scores = (psg[cands].astype(np.float32) @ v).tolist()
+                passages = [int(cands[i]) for i in stable_order(p_scores)]
+                if sent is None:
+                    return passages, None
+                ids = self.sentence_ids(cands)
                 s_scores = (sent[ids].astype(np.float32) @ v).tolist()
-                return [int(cands[i]) for i in stable_order(p_scores)], [ids[i] for i in stable_order(s_scores)]
+                return passages, [ids[i] for i in stable_order(s_scores)]
             return run, {"model": f"{self.baseline_model or 'all-MiniLM-L6-v2'} mean pooling (passage-level "
-                                  "for passages, sentence-level for sentences)"}
+                                  "for passages" + (")" if passages_only else ", sentence-level for sentences)"),
+                         **({"granularities": "passages only"} if passages_only else {})}
         if method not in METHODS:
             raise SystemExit(f"error: unknown method {method!r}; choose one of {', '.join(METHODS)}")
         encoder = load_encoder(self.model)

@@ -41,6 +41,24 @@ def test_open_domain_smoke(tmp_path, tiny_model_dir, dataset, method):
     assert result["command"].startswith(f"python -m benchmarks.open_domain --dataset {dataset} --method {method}")
 
 
+def test_open_domain_single_vector_passages_only(tmp_path, tiny_model_dir):
+    from benchmarks import open_domain
+
+    common = ["--dataset", "nq-oracle", "--method", "single-vector", "--limit", "4", "--pool-limit", "40",
+              "--baseline-model", str(tiny_model_dir)]
+    both, psg = tmp_path / "both.json", tmp_path / "psg.json"
+    open_domain.main(common + ["--passages-only", "--out", str(psg)])
+    assert list((tmp_path / "cache").glob("sv-pool-*")) and not list((tmp_path / "cache").glob("sv-sentences-*"))
+    open_domain.main(common + ["--out", str(both)])
+    both, psg = json.loads(both.read_text()), json.loads(psg.read_text())
+    assert "sent_p1" in both["metrics"] and psg["sample"]["with_gold_sentence"] == 0
+    assert psg["metrics"] == {k: v for k, v in both["metrics"].items() if not k.startswith("sent_")}
+    assert psg["granularities"] == "passages only"
+    with pytest.raises(SystemExit, match="passages only is for the single-vector method"):
+        open_domain.main(["--dataset", "nq-oracle", "--method", "bm25", "--limit", "2", "--pool-limit", "10",
+                          "--passages-only", "--out", str(tmp_path / "x.json")])
+
+
 @pytest.mark.parametrize("method", ["bm25", "colbert-zeroshot-psg", "colbert-zeroshot-sent", "single-vector"])
 def test_cross_domain_smoke(tmp_path, tiny_model_dir, method):
     from benchmarks import cross_domain
