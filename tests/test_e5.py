@@ -117,3 +117,53 @@ def test_e5_teacher_scores_every_passage_and_sentence(e5):
     assert abs(gold["teacher"]) <= 1 / TEMPERATURE + 1e-3  # a cosine over τ
     result = agreement([record], teacher=teacher)
     assert result["records"] == 1 and result["passage_p1"] == 100.0 and set(result["sentence_p1"]) == {"text", "marked"}
+
+
+def test_e5_teacher_gold_strength_lifts_only_the_labelled_gold(e5):
+    from training.e5_teacher import E5Teacher, scored
+
+    text = "Corals expel algae when the water is too warm. Reefs cover little of the ocean floor."
+    record = {"question": "why do corals bleach?", "passages": [
+        {"text": text, "sentences": [[0, 46], [47, 85]], "positive": True, "answer_sentences": [0]},
+        {"text": "The Eiffel Tower was built in 1889.", "sentences": [[0, 35]], "positive": False,
+         "answer_sentences": []}]}
+    teacher = E5Teacher(loaded=e5)
+    [plain] = list(scored([json.loads(json.dumps(record))], "text", teacher))
+    [gold] = list(scored([json.loads(json.dumps(record))], "text", teacher, gold_strength=5.0))
+    (p0, p1), (g0, g1) = plain["passages"], gold["passages"]
+    assert g0["teacher"] == pytest.approx(p0["teacher"] + 5, abs=2e-4) and g1["teacher"] == p1["teacher"]
+    assert g0["teacher_sentences"][0] == pytest.approx(p0["teacher_sentences"][0] + 5, abs=2e-4)
+    assert g0["teacher_sentences"][1] == p0["teacher_sentences"][1] and g1["teacher_sentences"] == p1["teacher_sentences"]
+
+
+def test_a_student_on_e5s_backbone_trains_exports_and_loads(e5, tmp_path):
+    # training.student --base e5-small: the GPU path of issue 30 (top layers of e5 tuned); one CPU step here.
+    import torch
+
+    from agrame.delta import is_delta
+    from agrame.spans import split_sentences
+    from training import export, student
+    from training.e5_teacher import E5Teacher, scored
+
+    records = []
+    for q, gold in (("why do corals bleach?", 0), ("when was the eiffel tower built?", 1)):
+        records.append({"question": q, "passages": [
+            {"text": t, "sentences": [list(s) for s in split_sentences(t)], "positive": i == gold,
+             "answer_sentences": [0] if i == gold else []} for i, t in enumerate(TEXTS[:2])]})
+    data = tmp_path / "distill.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in scored(records, "text", E5Teacher(loaded=e5), 5.0)))
+    run = tmp_path / "run"
+    student.main(["--data", str(data), "--out", str(run), "--base", "e5-small", "--layers", "1", "--dim", "16",
+                  "--steps", "1", "--batch-size", "2", "--lr", "1e-3"])
+    trained = load_encoder(str(run / "final"))
+    assert trained.dim == 16 and trained.settings.query_prefix == "query:" and trained.settings.markers["Q"] is None
+    base = load_encoder(E5_SMALL)
+    changed = [n for (n, a), b in zip(trained.backbone.state_dict().items(), base.backbone.state_dict().values())
+               if not torch.equal(a, b)]
+    assert changed and all(n.startswith("encoder.layer.11.") for n in changed)  # the top layer alone learnt
+    export.main(["--model", str(run / "final"), "--out", str(tmp_path / "delta")])
+    assert is_delta(tmp_path / "delta")
+    shipped = load_encoder(str(tmp_path / "delta"))
+    q = "why do corals bleach?"
+    a, b = shipped.encode_query(q, "Q").vectors, trained.encode_query(q, "Q").vectors
+    assert torch.allclose(a, b, atol=0.05)  # int8 rows in the delta: close, not equal

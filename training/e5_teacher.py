@@ -74,16 +74,22 @@ class E5Teacher:
         return out
 
 
-def scored(records: Sequence[dict], mode: str, teacher: Optional[E5Teacher] = None) -> Iterator[dict]:
-    """Each record with ``teacher`` / ``teacher_sentences`` logits (the fields the student reads)."""
+def scored(records: Sequence[dict], mode: str, teacher: Optional[E5Teacher] = None,
+           gold_strength: float = 0.0) -> Iterator[dict]:
+    """Each record with ``teacher`` / ``teacher_sentences`` logits (the fields the student reads);
+    ``gold_strength`` is added to a labelled record's gold passage and answer sentences (as
+    ``training.e5_projection --gold-strength``: e5-kd-128 was picked with 5, the labels teacher's logit)."""
     from tqdm import tqdm
 
     teacher = teacher or E5Teacher()
     for r in tqdm(records, desc=f"e5 teacher ({mode})", disable=None):
         s = teacher.scores(r, mode)
         for p, score, sentences in zip(r["passages"], s["passages"], s["sentences"]):
-            p["teacher"] = round(score, 4)
-            p["teacher_sentences"] = [round(x, 4) for x in sentences]
+            gold = gold_strength if p.get("positive") else 0.0
+            answers = set(p.get("answer_sentences") or []) if p.get("positive") else set()
+            p["teacher"] = round(score + gold, 4)
+            p["teacher_sentences"] = [round(x + (gold_strength if k in answers else 0.0), 4)
+                                      for k, x in enumerate(sentences)]
         yield r
 
 
@@ -118,6 +124,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     s = sub.add_parser("score", help="e5 logits for every passage and sentence of a training file")
     s.add_argument("--out", required=True)
     s.add_argument("--sentence-mode", choices=MODES, required=True)
+    s.add_argument("--gold-strength", type=float, default=0.0,
+                   help="added to the gold passage's and answer sentences' logits of labelled records (0: e5 alone)")
     for p in (c, s):
         p.add_argument("--data", required=True, help="JSONL from python -m training.data (train questions only)")
         p.add_argument("--limit", type=int, default=None)
@@ -126,7 +134,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.command == "choose":
         print(json.dumps(agreement(records), indent=1))
         return
-    print(f"wrote {write_jsonl(scored(records, args.sentence_mode), args.out)} records to {args.out}")
+    print(f"wrote {write_jsonl(scored(records, args.sentence_mode, gold_strength=args.gold_strength), args.out)} "
+          f"records to {args.out}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
@@ -26,26 +27,39 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from agrame.encoder import DEFAULT_MARKERS, ZERO_SHOT, Encoder, EncoderSettings, load_encoder
+from agrame.encoder import (DEFAULT_MARKERS, E5_SMALL, ZERO_SHOT, Encoder, EncoderSettings, e5_zero_shot_settings,
+                            load_encoder)
 from agrame.spans import token_segments
 
 from .losses import MultiGranularKLLoss
 
 
 def student_encoder(dim: Optional[int], query_augmentation: bool, doc_maxlen: int,
-                    query_marker: Optional[str] = DEFAULT_MARKERS["Q"]) -> Encoder:
+                    query_marker: Optional[str] = DEFAULT_MARKERS["Q"], base: str = ZERO_SHOT) -> Encoder:
     """MiniLM with AGRaME markers and (optionally) a new projection, before training.
 
     ``query_marker`` is the token of the passage queries' marker [Q]; None encodes them as
     zero-shot MiniLM does (no marker), so that the start of a mix ranks passages exactly as
     zero-shot: an untrained [Q] alone cost 2 points of passage P@1 on the NQ guard set
-    (training/results/README.md, the 384-d candidate's λ = 0)."""
-    base = load_encoder(ZERO_SHOT)  # never the shipped default: training starts from MiniLM
+    (training/results/README.md, the 384-d candidate's λ = 0).
+
+    ``base`` ``e5-small``: multilingual-e5-small (issue 30) as e5 is used — its ``query:`` /
+    ``passage:`` prefixes and no markers (its SentencePiece vocabulary has no spare rows to learn
+    [Q]/[Q'] in), so passages and sentences share one query encoding."""
+    if base == E5_SMALL:
+        e5 = load_encoder(E5_SMALL)
+        settings = dataclasses.replace(e5_zero_shot_settings(), dim=dim or None, doc_maxlen=doc_maxlen,
+                                       query_augmentation=query_augmentation)
+        projection = nn.Linear(e5.dim, dim, bias=False) if dim else None
+        return Encoder(e5.backbone, e5.tokenizer, settings, projection, source="agrame-e5-student")
+    if base != ZERO_SHOT:
+        raise SystemExit(f"error: unknown base {base!r}; choose {ZERO_SHOT} or {E5_SMALL}")
+    base_encoder = load_encoder(ZERO_SHOT)  # never the shipped default: training starts from MiniLM
     markers = {**DEFAULT_MARKERS, "Q": query_marker}
     settings = EncoderSettings(dim=dim or None, doc_maxlen=doc_maxlen, markers=markers,
                                span_query_marker="Q'", query_augmentation=query_augmentation)
-    projection = nn.Linear(base.dim, dim, bias=False) if dim else None
-    return Encoder(base.backbone, base.tokenizer, settings, projection, source="agrame-student")
+    projection = nn.Linear(base_encoder.dim, dim, bias=False) if dim else None
+    return Encoder(base_encoder.backbone, base_encoder.tokenizer, settings, projection, source="agrame-student")
 
 
 @torch.no_grad()
@@ -348,6 +362,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--length-buckets", type=int, default=4,
                         help="encode a batch's passages in this many groups of similar length (speed only; "
                              "1: one padded batch)")
+    parser.add_argument("--base", choices=(ZERO_SHOT, E5_SMALL), default=ZERO_SHOT,
+                        help="backbone: MiniLM (zero-shot) or multilingual-e5-small (agrame[e5]; e5's prefixes, "
+                             "no markers: --sentence-marker and --query-marker do not apply)")
     parser.add_argument("--device", default="cpu",
                         help="torch device of the student, e.g. cuda (checkpoints and the saved model stay "
                              "device-free: a run may resume on another device)")
@@ -355,10 +372,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.sentence_weight == 0:
         # The ColBERT baseline has one query encoding; it ranks sentences with [Q] too.
         args.sentence_marker = "Q"
+    if args.base == E5_SMALL:
+        args.sentence_marker = args.rank_marker = "Q"  # no marker tokens: one query encoding (see student_encoder)
     torch.manual_seed(args.seed)
     examples = read_mixture(args.data)
     encoder = student_encoder(args.dim, args.query_augmentation, args.doc_maxlen,
-                              None if args.query_marker == "none" else DEFAULT_MARKERS["Q"])
+                              None if args.query_marker == "none" else DEFAULT_MARKERS["Q"], base=args.base)
     out = Path(args.out)
     if args.init_model:
         start_from(encoder, load_encoder(args.init_model))
