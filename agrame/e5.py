@@ -247,10 +247,11 @@ def embed(model, tokenizer, texts: List[str], prefix: str, batch_size: int = 32,
     for i in range(0, len(texts), batch_size):
         batch = tokenizer([f"{prefix} {t}" for t in texts[i:i + batch_size]], padding=True, truncation=True,
                           max_length=max_length, return_tensors="pt", return_token_type_ids=False)
+        batch = {k: v.to(model.device) for k, v in batch.items()}  # the model's device (a GPU when lent)
         hidden = model(**batch).last_hidden_state
         mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         mean = (hidden * mask).sum(1) / mask.sum(1)
-        out.append(torch.nn.functional.normalize(mean, dim=-1).numpy())
+        out.append(torch.nn.functional.normalize(mean, dim=-1).float().cpu().numpy())
     return np.concatenate(out) if out else np.zeros((0, model.config.hidden_size), np.float32)
 
 

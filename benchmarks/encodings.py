@@ -238,6 +238,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--what", nargs="+", choices=WHAT, default=list(WHAT))
     parser.add_argument("--model", default=None, help="multi-vector model (default: the built-in one)")
+    parser.add_argument("--device", default="cpu", help="torch device of the multi-vector model, e.g. cuda")
     parser.add_argument("--reverse", action="store_true",
                         help="single vectors: encode shards from the end (a second process shares the work)")
     args = parser.parse_args(argv)
@@ -246,7 +247,7 @@ def main(argv=None) -> None:
     sents, _ = sentence_texts(pool.texts, spans)
     print(f"pool: {len(pool)} passages, {len(sents)} sentences")
     if "colbert" in args.what or "colbert-sentences" in args.what:
-        encoder = load_encoder(args.model)
+        encoder = load_encoder(args.model, device=args.device)
         if "colbert" in args.what:
             MultiVectorCache(encoder, pool.texts, "colbert-pool").ensure()
         if "colbert-sentences" in args.what:

@@ -198,3 +198,32 @@ def test_e5_kd_runs_every_stage_then_skips_what_is_done(tmp_path):
     again = dry_run("e5_kd.sh", tmp_path).stdout
     assert not lines_with(again, "training.e5_projection pick")
     assert lines_with(again, "--gold-strength 5.0 --sentence-weight 0")
+
+
+def test_e5_student_runs_every_stage_on_the_device_then_skips_what_is_done(tmp_path):
+    result = dry_run("e5_student.sh", tmp_path, DEVICE="cuda", STEPS="40")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert len(lines_with(out, "training.mined", "--mine-model none", "--limit 2000")) == 1  # e5_kd.sh's data
+    squad, nq = lines_with(out, "training.e5_teacher score")
+    assert "--gold-strength 5" in squad and "--gold-strength" not in nq
+    assert all("--device cuda" in line for line in (squad, nq))
+    students = lines_with(out, "training.student", "--base e5-small", "--init-model e5-kd-128", "--device cuda")
+    assert [line.split("--sentence-weight ")[1].split()[0] for line in students] == ["1", "0"]
+    assert all("--steps 40" in line and f"{tmp_path}/e5kd/squad-e5.jsonl {tmp_path}/e5kd/nq-e5.jsonl" in line
+               for line in students)
+    # each is chosen on held-out train questions under the pool protocol, after its pool is encoded
+    for name in ("e5-student", "e5-student-psg"):
+        encode = out.index(f"benchmarks.encodings --what colbert --model {tmp_path}/e5kd/{name}/final --device cuda")
+        alpha = out.index(f"training.choose_alpha --model {tmp_path}/e5kd/{name}/final")
+        assert encode < alpha < out.index(f"training.export --model {tmp_path}/e5kd/{name}/final")
+    assert len(lines_with(out, "--protocol pool --write")) == 2
+    final = tmp_path / "e5kd" / "e5-student" / "final"
+    final.mkdir(parents=True)
+    for name in ("agrame.json", "alpha.json"):
+        (final / name).write_text("{}")
+    (tmp_path / "e5kd" / "squad-e5.jsonl").write_text("{}\n")
+    again = dry_run("e5_student.sh", tmp_path).stdout
+    assert not lines_with(again, "--gold-strength 5")
+    assert [line.split("--sentence-weight ")[1].split()[0] for line in lines_with(again, "training.student")] == ["0"]
+    assert len(lines_with(again, "--protocol pool")) == 1

@@ -29,13 +29,7 @@ STEPS=${STEPS:-600}
 GOLDS=${GOLDS:-"0 5"}  # --gold-strength values tried: gold labels added to e5's logits on SQuAD's records
 RUN=${RUN:-}
 $RUN mkdir -p "$R/cache"
-[ -s "$R/squad.jsonl" ] || $RUN python -m training.mined squad --out "$R/squad.jsonl" --heldout "$R/squad-heldout.jsonl" \
-    --negatives 7 --mined 0 --mine-model none --limit 2000 --heldout-questions 300
-for topics in nq-dev trivia-dev; do
-  [ -s "$R/guard-$topics.jsonl" ] || $RUN python -m training.mined guard --topics "$topics" --out "$R/guard-$topics.jsonl"
-done
-[ -s "$R/distill-nq-dev.jsonl" ] || $RUN python -m training.mined distill --topics nq-dev --out "$R/distill-nq-dev.jsonl" \
-    --limit 500 --exclude "$R/guard-nq-dev.jsonl" --exclude "$R/guard-trivia-dev.jsonl"
+. training/e5_data.sh
 cache() { $RUN python -m training.e5_projection cache --data "$R/$1.jsonl" --out "$R/cache/$1" --limit "$2" --sentence-mode "$3"; }
 cache squad-heldout "$HELD" none
 cache guard-nq-dev "$HELD" none

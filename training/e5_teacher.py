@@ -30,10 +30,11 @@ MODES = ("text", "marked")
 
 
 class E5Teacher:
-    def __init__(self, batch_size: int = 32, loaded=None):
+    def __init__(self, batch_size: int = 32, loaded=None, device: str = "cpu"):
         from agrame.e5 import PASSAGE_PREFIX, QUERY_PREFIX, load_e5
 
         self.model, self.tokenizer = loaded or load_e5()
+        self.model.to(device)
         self.query_prefix, self.passage_prefix = QUERY_PREFIX, PASSAGE_PREFIX
         self.batch_size = batch_size
 
@@ -129,13 +130,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     for p in (c, s):
         p.add_argument("--data", required=True, help="JSONL from python -m training.data (train questions only)")
         p.add_argument("--limit", type=int, default=None)
+        p.add_argument("--device", default="cpu", help="torch device of e5, e.g. cuda")
     args = parser.parse_args(argv)
     records = read(args.data)[: args.limit]
+    teacher = E5Teacher(device=args.device)
     if args.command == "choose":
-        print(json.dumps(agreement(records), indent=1))
+        print(json.dumps(agreement(records, teacher=teacher), indent=1))
         return
-    print(f"wrote {write_jsonl(scored(records, args.sentence_mode, gold_strength=args.gold_strength), args.out)} "
-          f"records to {args.out}")
+    written = write_jsonl(scored(records, args.sentence_mode, teacher, gold_strength=args.gold_strength), args.out)
+    print(f"wrote {written} records to {args.out}")
 
 
 if __name__ == "__main__":
