@@ -638,7 +638,7 @@ def _e5_cell(grouped: Dict[str, List[dict]], benchmark: str, dataset: str, metho
     if method == "colbert-zeroshot-psg":
         return _scaled_cell(grouped, benchmark, dataset, tag)
     found = [r for r in grouped.get(benchmark, []) if r["dataset"] == dataset and r["method"] == method
-             and r.get("tag") == tag and r.get("first_stage") == "bm25 top-100"]
+             and r.get("tag") == tag and (benchmark != "open_domain" or r.get("first_stage") == "bm25 top-100")]
     return found[-1] if found else None
 
 
@@ -685,6 +685,10 @@ def render_e5_models(grouped: Dict[str, List[dict]]) -> str | None:
         for col, key, title in ((3, "sent_p1", "SciFact sentence P@1"), (4, "prop_p1", "atomic-facts proposition P@1"),
                                 (2, "psg_p1", "EntityQuestions passage P@1")):
             out.append(f"| {title} | {_gap(value(*cand, col, key), value(*zs, col, key), -1)} |")
+    partial = sorted({E5_DATASETS[col][4] for (m, t, col), r in cells.items()
+                      if r is not None and r.get("granularities") == "passages only"})
+    if partial:
+        out += ["", "Passages only (no sentence vectors encoded yet, `--passages-only`) in: " + ", ".join(partial) + "."]
     out += ["", _provenance([r for r in cells.values() if r is not None])]
     return "\n".join(out)
 

@@ -183,3 +183,28 @@ def test_peak_memory_of_a_child_is_its_own():
                                  capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent).stdout)
     assert parent > 200
     assert child < parent - 150
+
+
+def test_e5_section_takes_single_vector_rows_from_every_benchmark():
+    from benchmarks.report import render_e5_models
+
+    def row(benchmark, dataset, method, tag, metrics, model="m", **extra):
+        first = {"first_stage": "bm25 top-100"} if benchmark in ("open_domain", "cross_domain") else {}
+        return {"benchmark": benchmark, "dataset": dataset, "method": method, "tag": tag, "model": model,
+                "metrics": metrics, "sample": {"questions": 5}, "command": f"python -m benchmarks.{benchmark}",
+                "machine": {"cpus": 2, "torch_threads": 2},
+                "date": "2026-11-25", **first, **extra}
+
+    zs = "zero-shot:all-MiniLM-L6-v2"
+    grouped = {
+        "open_domain": [row("open_domain", "squad-dev", "colbert-zeroshot-psg", None, {"psg_p1": 77.0, "sent_p1": 66.0}, zs),
+                        row("open_domain", "squad-dev", "colbert-zeroshot-psg", "e5-kd-128", {"psg_p1": 74.0, "sent_p1": 63.0}),
+                        row("open_domain", "squad-dev", "single-vector", "e5-small", {"psg_p1": 79.0},
+                            granularities="passages only")],
+        "atomic_facts": [row("atomic_facts", "propsegment-dev-wiki", "single-vector", "e5-small",
+                             {"sent_p1": 50.0, "prop_p1": 44.0})]}
+    text = render_e5_models(grouped)
+    assert "| e5-small single vectors (sentences encoded alone) | 79.0 / – | – | – | – | 50.0 / 44.0 |" in text
+    assert "Passages only (no sentence vectors encoded yet, `--passages-only`) in: squad-dev (2,000)." in text
+    # the passage target is taken against the better of MiniLM (77.0) and e5's single vectors (79.0)
+    assert "| passage P@1 − the better of zero-shot MiniLM and e5 single vectors (≥ −1) | -5.0 (missed) | – |" in text
