@@ -22,6 +22,13 @@ TEXTS = ["Coral reefs bleach when the water is too warm.  Fish swim away!",
 QUERIES = ["what causes coral bleaching", "who built the eiffel tower?", "Wann wurde Marie Curie geboren?"]
 
 
+TEACHER_TEXT = "Corals expel algae when the water is too warm. Reefs cover little of the ocean floor."
+TEACHER_RECORD = {"question": "why do corals bleach?", "passages": [
+    {"text": TEACHER_TEXT, "sentences": [[0, 46], [47, 85]], "positive": True, "answer_sentences": [0]},
+    {"text": "The Eiffel Tower was built in 1889.", "sentences": [[0, 35]], "positive": False,
+     "answer_sentences": []}]}
+
+
 @pytest.fixture(scope="module")
 def e5():
     return load_e5()
@@ -103,11 +110,7 @@ def test_e5_as_a_multi_vector_encoder(tmp_path):
 def test_e5_teacher_scores_every_passage_and_sentence(e5):
     from training.e5_teacher import TEMPERATURE, E5Teacher, agreement, scored
 
-    text = "Corals expel algae when the water is too warm. Reefs cover little of the ocean floor."
-    record = {"question": "why do corals bleach?", "passages": [
-        {"text": text, "sentences": [[0, 46], [47, 85]], "positive": True, "answer_sentences": [0]},
-        {"text": "The Eiffel Tower was built in 1889.", "sentences": [[0, 35]], "positive": False,
-         "answer_sentences": []}]}
+    text, record = TEACHER_TEXT, json.loads(json.dumps(TEACHER_RECORD))
     teacher = E5Teacher(loaded=e5)
     assert teacher.marked(text, (47, 85)).startswith(text[:47] + "$ Reefs")
     [out] = list(scored([json.loads(json.dumps(record))], "text", teacher))
@@ -122,11 +125,7 @@ def test_e5_teacher_scores_every_passage_and_sentence(e5):
 def test_e5_teacher_gold_strength_lifts_only_the_labelled_gold(e5):
     from training.e5_teacher import E5Teacher, scored
 
-    text = "Corals expel algae when the water is too warm. Reefs cover little of the ocean floor."
-    record = {"question": "why do corals bleach?", "passages": [
-        {"text": text, "sentences": [[0, 46], [47, 85]], "positive": True, "answer_sentences": [0]},
-        {"text": "The Eiffel Tower was built in 1889.", "sentences": [[0, 35]], "positive": False,
-         "answer_sentences": []}]}
+    text, record = TEACHER_TEXT, json.loads(json.dumps(TEACHER_RECORD))
     teacher = E5Teacher(loaded=e5)
     [plain] = list(scored([json.loads(json.dumps(record))], "text", teacher))
     [gold] = list(scored([json.loads(json.dumps(record))], "text", teacher, gold_strength=5.0))
