@@ -4,12 +4,15 @@
     python -m benchmarks.index_search choose                      # nprobe/ncandidates on SQuAD *train*
     python -m benchmarks.index_search run --dataset squad-dev --first-stage agrame --nbits 2
     python -m benchmarks.index_search run --dataset nq-oracle --first-stage exact
+    python -m benchmarks.index_search run --dataset nq-oracle --first-stage single-vector --baseline-model e5-small
     python -m benchmarks.index_search latency --nbits 2           # ms per query, 2 threads
     python -m benchmarks.index_search build-time --models squad-a1 e5-kd-128   # build time, one run
     python -m benchmarks.index_search scale --tokens 10000000     # synthetic clustered tokens
 
 ``--first-stage agrame`` searches the compressed index (passages: top 100; sentences: top 5
 over the survivors); ``exact`` scans every float16 token vector of the pool (the reference);
+``single-vector`` ranks every passage and every sentence (each encoded alone) by its single vector
+(``--baseline-model e5-small``: e5 as users would take it; cached by ``benchmarks.encodings``);
 BM25 top-100 + re-rank rows come from ``benchmarks.open_domain``. Metrics and gold as in
 ``benchmarks.open_domain``; passage R@100 is over the whole pool. The pool's token vectors come
 from ``benchmarks.encodings`` (cached), so every row here uses the same vectors.
@@ -42,7 +45,7 @@ from agrame import scoring
 
 from .common import command_line, peak_rss_mb, sample, squad_paragraphs, write_result
 from .data import Pool, load_pool, load_questions, restrict_pool, squad_id
-from .encodings import MultiVectorCache, _hash, cache_root, pool_sentences
+from .encodings import MultiVectorCache, SingleVectorEncoder, _hash, cache_root, pool_sentences, single_vectors
 from .metrics import summarize
 from .open_domain import judge
 from .rerank import Harness
@@ -155,46 +158,88 @@ def index_rankings(index: Index, q, s, alpha: float, settings: SearchSettings,
     return ranked_p, ranked_s
 
 
+def single_vector_rankings(queries: np.ndarray, passages: np.ndarray, sentences: np.ndarray,
+                           batch: int = 64) -> List[Tuple[List[int], List[int]]]:
+    """Top-100 passages and top-5 sentences (global ids) of each query by dot product over every
+    single vector of the pool (a sentence is encoded alone, so its score needs no passage score).
+    Ties keep corpus order, as ``_top`` and the re-rank harness do."""
+    out = []
+    p32, s32 = torch.from_numpy(passages.astype(np.float32)), torch.from_numpy(sentences.astype(np.float32))
+    for lo in range(0, len(queries), batch):
+        q = torch.from_numpy(np.ascontiguousarray(queries[lo:lo + batch], dtype=np.float32))
+        p_scores, s_scores = q @ p32.T, q @ s32.T
+        out.extend((_top(p_scores[i], PASSAGE_K), _top(s_scores[i], SENTENCE_K)) for i in range(len(q)))
+    return out
+
+
 def cmd_run(args) -> None:
-    vectors = PoolVectors(args.model)
-    encoder = vectors.encoder
-    alpha = encoder.settings.alpha if args.alpha is None else args.alpha
-    all_questions = load_questions(args.dataset, vectors.pool)
+    if args.first_stage == "single-vector" and args.model:
+        raise SystemExit("error: --first-stage single-vector takes --baseline-model, not --model")
+    if args.first_stage != "single-vector" and args.baseline_model:
+        raise SystemExit("error: --baseline-model is for --first-stage single-vector")
+    pool = load_pool()
+    all_questions = load_questions(args.dataset, pool)
     questions = sample(all_questions, args.limit, args.seed)
-    harness = Harness("pool", vectors.pool.texts, vectors.spans)
-    encoded = encode_queries(encoder, [q.text for q in questions])
-    info: Dict = {}
-    if args.first_stage == "exact":
-        corpus = vectors.corpus(float32=True)
-        rank = lambda q, s: exact_rankings(q, s, corpus, alpha)  # noqa: E731
-        info["first_stage"] = "exhaustive exact scan (float16 vectors)"
+    if args.pool_limit is not None:  # smoke tests: the sample's gold passages and seeded others
+        pool, remap = restrict_pool(pool, [q.gold_passage for q in questions], args.pool_limit, args.seed)
+        for q in questions:
+            q.gold_passage = remap[q.gold_passage]
+    if args.first_stage == "single-vector":
+        harness = Harness("pool", pool.texts, pool_sentences(pool))
     else:
-        path, _ = build(vectors, args.nbits)
-        index = Index(path, model=encoder)
-        settings = SearchSettings(args.nprobe or index.defaults.nprobe, args.ncandidates or index.defaults.ncandidates)
-        rank = lambda q, s: index_rankings(index, q, s, alpha, settings, harness.sent_starts, vectors.spans)  # noqa
-        info.update({"first_stage": f"agrame compressed index, {args.nbits}-bit residuals",
-                     "search": settings._asdict(), "num_centroids": index.store.codec.num_centroids})
+        vectors = PoolVectors(args.model, pool)
+        encoder = vectors.encoder
+        harness = Harness("pool", pool.texts, vectors.spans)
+    info: Dict = {}
+    if args.first_stage == "single-vector":
+        sv = SingleVectorEncoder(args.baseline_model)
+        query_vectors = sv.encode_queries([q.text for q in questions])
+        passage_vectors = single_vectors(harness.texts, "sv-pool", sv)
+        sentence_vectors = single_vectors(harness.sentences, "sv-sentences", sv)
+        start = time.perf_counter()
+        ranked = single_vector_rankings(query_vectors, passage_vectors, sentence_vectors)
+        search_seconds = time.perf_counter() - start
+        rank = ranked.__getitem__
+        info.update({"model": f"{args.baseline_model or 'all-MiniLM-L6-v2'} mean pooling",
+                     "fingerprint": sv.fingerprint(),
+                     "first_stage": "exhaustive dot product over single vectors (passages and sentences encoded alone)"})
+    else:
+        alpha = encoder.settings.alpha if args.alpha is None else args.alpha
+        encoded = encode_queries(encoder, [q.text for q in questions])
+        info.update({"model": encoder.source, "fingerprint": encoder.fingerprint()[:12], "alpha": alpha})
+        if args.first_stage == "exact":
+            corpus = vectors.corpus(float32=True)
+            rank = lambda k: exact_rankings(*encoded[k], corpus, alpha)  # noqa: E731
+            info["first_stage"] = "exhaustive exact scan (float16 vectors)"
+        else:
+            path, _ = build(vectors, args.nbits)
+            index = Index(path, model=encoder)
+            settings = SearchSettings(args.nprobe or index.defaults.nprobe,
+                                      args.ncandidates or index.defaults.ncandidates)
+            rank = lambda k: index_rankings(index, *encoded[k], alpha, settings, harness.sent_starts,  # noqa: E731
+                                            vectors.spans)
+            info.update({"first_stage": f"agrame compressed index, {args.nbits}-bit residuals",
+                         "search": settings._asdict(), "num_centroids": index.store.codec.num_centroids})
+        search_seconds = 0.0
     per_question, rankings = [], {}
     start = time.perf_counter()
-    for q, (qv, sv) in tqdm(list(zip(questions, encoded)), desc=f"{args.dataset} {args.first_stage}", disable=None):
-        passages, sentences = rank(qv, sv)
+    for k, q in enumerate(tqdm(questions, desc=f"{args.dataset} {args.first_stage}", disable=None)):
+        passages, sentences = rank(k)
         rankings[q.qid] = {"passages": passages, "sentences": sentences}
         metrics = judge(args.dataset, harness, q, passages, sentences, passages)
         metrics["psg_r100"] = metrics.pop("first_stage_r100")
         per_question.append(metrics)
-    seconds = time.perf_counter() - start
+    seconds = search_seconds + time.perf_counter() - start
     name = f"index_search-{args.dataset}-{args.first_stage}" + (f"-{args.nbits}b" if args.first_stage == "agrame" else "")
     if args.limit:
         name += f"-s{args.limit}"
     rankings_file = cache_root() / f"{_tagged(name, args)}-rankings.json"
     rankings_file.write_text(json.dumps(rankings))
     result = {
-        "benchmark": "index_search", "dataset": args.dataset, "model": encoder.source,
-        "fingerprint": encoder.fingerprint()[:12], "alpha": alpha, **info,
+        "benchmark": "index_search", "dataset": args.dataset, **info,
         "sample": {"questions": len(questions), "of": len(all_questions), "seed": args.seed if args.limit else None,
                    "with_gold_sentence": sum("sent_p1" in m for m in per_question)},
-        "pool_passages": len(vectors.pool), "metrics": summarize(per_question),
+        "pool_passages": len(pool), "metrics": summarize(per_question),
         "ms_per_question_passage_and_sentence_search": round(1000 * seconds / len(questions), 1),
         "threads": torch.get_num_threads(),
     }
@@ -634,13 +679,19 @@ def main(argv=None) -> None:
     b.add_argument("--overwrite", action="store_true")
     r = sub.add_parser("run", help="full-corpus retrieval metrics")
     r.add_argument("--dataset", required=True, choices=("squad-dev", "nq-oracle"))
-    r.add_argument("--first-stage", required=True, choices=("agrame", "exact"))
+    r.add_argument("--first-stage", required=True, choices=("agrame", "exact", "single-vector"),
+                   help="agrame: the compressed index; exact: every float16 token vector; single-vector: a "
+                        "dot product over the single vectors of every passage and sentence (--baseline-model)")
+    r.add_argument("--baseline-model", default=None,
+                   help="single-vector model (all-MiniLM-L6-v2 by default; e5-small: multilingual-e5-small)")
     r.add_argument("--nbits", type=int, default=2)
     r.add_argument("--nprobe", type=int, default=None)
     r.add_argument("--ncandidates", type=int, default=None)
     r.add_argument("--limit", type=int, default=None)
     r.add_argument("--alpha", type=float, default=None)
     r.add_argument("--out", default=None)
+    r.add_argument("--pool-limit", type=int, default=None,
+                   help="smoke tests only: the sample's gold passages and this many other pool passages")
     c = sub.add_parser("choose", help="choose nprobe/ncandidates on SQuAD train questions")
     c.add_argument("--nbits", type=int, default=2)
     c.add_argument("--limit", type=int, default=100)

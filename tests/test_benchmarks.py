@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from benchmarks.common import data_path
 
@@ -260,3 +262,68 @@ def test_choose_alpha_pool_protocol_matches_the_rerank_harness(tiny_model_dir):
             hits += sentences[0] == harness.sent_starts[gold] + sentence_of(harness.spans[gold], p["qas"][0]["answer_start"])
         assert found["sentence_p1_by_alpha"][a] == round(100 * hits / 6, 1)
     assert changed  # α moved some top sentence: the comparison is not of one ranking with itself
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 120), st.integers(1, 30), st.integers(0, 2**31 - 1))
+def test_single_vector_rankings_match_a_loop(n_queries, n_passages, n_sentences, seed):
+    # Small integer vectors make ties common: a tie keeps corpus order, as the re-rank harness's sort does.
+    import numpy as np
+
+    from benchmarks.index_search import PASSAGE_K, SENTENCE_K, single_vector_rankings
+
+    rng = np.random.default_rng(seed)
+    q = rng.integers(-2, 3, (n_queries, 4)).astype(np.float32)
+    p = rng.integers(-2, 3, (n_passages, 4)).astype(np.float16)
+    s = rng.integers(-2, 3, (n_sentences, 4)).astype(np.float16)
+    got = single_vector_rankings(q, p, s, batch=2)
+    for qv, (passages, sentences) in zip(q, got):
+        p_scores = [float(sum(float(a) * float(b) for a, b in zip(qv, row))) for row in p]
+        s_scores = [float(sum(float(a) * float(b) for a, b in zip(qv, row))) for row in s]
+        assert passages == sorted(range(n_passages), key=lambda i: -p_scores[i])[:PASSAGE_K]
+        assert sentences == sorted(range(n_sentences), key=lambda i: -s_scores[i])[:SENTENCE_K]
+
+
+def test_index_search_single_vector_ranks_as_the_harness_over_the_whole_pool(tmp_path, tiny_model_dir):
+    # The full-corpus single-vector row is the re-rank harness's single-vector method with every pool
+    # passage as a candidate: same top passages, same top sentences, same judged metrics.
+    from benchmarks import index_search
+    from benchmarks.common import sample
+    from benchmarks.data import load_pool, load_questions, restrict_pool
+    from benchmarks.encodings import cache_root, pool_sentences
+    from benchmarks.open_domain import judge
+    from benchmarks.rerank import Harness
+
+    out = tmp_path / "sv.json"
+    index_search.main(["run", "--dataset", "squad-dev", "--first-stage", "single-vector", "--baseline-model",
+                       str(tiny_model_dir), "--limit", "4", "--pool-limit", "40", "--out", str(out)])
+    r = json.loads(out.read_text())
+    assert r["sample"]["questions"] == 4 and r["pool_passages"] <= 44 and "alpha" not in r
+    assert r["first_stage"].startswith("exhaustive dot product over single vectors")
+    rankings = json.loads((cache_root() / "index_search-squad-dev-single-vector-s4-rankings.json").read_text())
+
+    pool = load_pool()
+    questions = sample(load_questions("squad-dev", pool), 4, 0)
+    pool, remap = restrict_pool(pool, [q.gold_passage for q in questions], 40, 0)
+    harness = Harness("pool", pool.texts, pool_sentences(pool), baseline_model=str(tiny_model_dir))
+    run, _ = harness.make("single-vector", [(q.qid, q.text) for q in questions])
+    per_question = []
+    for q in questions:
+        q.gold_passage = remap[q.gold_passage]
+        passages, sentences = run(q.qid, q.text, list(range(len(pool))))
+        assert rankings[q.qid]["passages"] == passages[:index_search.PASSAGE_K]
+        assert rankings[q.qid]["sentences"] == sentences[:index_search.SENTENCE_K]
+        per_question.append(judge("squad-dev", harness, q, passages, sentences, passages))
+    assert r["metrics"]["psg_p1"] == pytest.approx(100 * sum(m["psg_p1"] for m in per_question) / 4)
+    assert r["metrics"]["sent_p1"] == pytest.approx(100 * sum(m["sent_p1"] for m in per_question) / 4)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--first-stage", "single-vector", "--model", "zero-shot"], "takes --baseline-model"),
+    (["--first-stage", "exact", "--baseline-model", "e5-small"], "is for --first-stage single-vector"),
+])
+def test_index_search_run_refuses_the_other_kind_of_model(argv, message):
+    from benchmarks import index_search
+
+    with pytest.raises(SystemExit, match=message):
+        index_search.main(["run", "--dataset", "squad-dev", *argv])
