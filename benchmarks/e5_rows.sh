@@ -33,6 +33,10 @@ run python -m benchmarks.atomic_facts --method single-vector --baseline-model e5
 for d in squad-dev nq-oracle entityquestions; do
   run python -m benchmarks.open_domain --dataset "$d" --method single-vector $(sample "$d") --baseline-model e5-small --tag e5-small
 done
+for d in squad-dev nq-oracle; do  # full-corpus search (no BM25) with e5 as users would take it, from the same vectors
+  run python -m benchmarks.index_search run --dataset "$d" --first-stage single-vector \
+      $([ "$d" = squad-dev ] && echo --limit 2000 --seed 0) --baseline-model e5-small --tag e5-small
+done
 run python -m benchmarks.index_search build --nbits 2 --model e5-kd-128 --tag e5-kd-128
 run python -m benchmarks.index_search build-time --models squad-a1 e5-kd-128 --passages 1000   # timing: run alone
 for m in "squad-a1" "zero-shot --tag zeroshot" "e5-kd-128 --tag e5-kd-128"; do
