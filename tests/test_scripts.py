@@ -210,8 +210,9 @@ def test_e5_student_runs_every_stage_on_the_device_then_skips_what_is_done(tmp_p
     assert all("--device cuda" in line for line in (squad, nq))
     students = lines_with(out, "training.student", "--base e5-small", "--init-model e5-kd-128", "--device cuda")
     assert [line.split("--sentence-weight ")[1].split()[0] for line in students] == ["1", "0"]
-    assert all("--steps 40" in line and f"{tmp_path}/e5kd/squad-e5.jsonl {tmp_path}/e5kd/nq-e5.jsonl" in line
+    assert all("--steps 40" in line and f"{tmp_path}/e5kd/squad-e5-2000.jsonl {tmp_path}/e5kd/nq-e5-500.jsonl" in line
                for line in students)
+    assert "--limit 2000" in squad and "--limit 500" in nq
     # each is chosen on held-out train questions under the pool protocol, after its pool is encoded
     for name in ("e5-student", "e5-student-psg"):
         encode = out.index(f"benchmarks.encodings --what colbert --model {tmp_path}/e5kd/{name}/final --device cuda")
@@ -222,8 +223,21 @@ def test_e5_student_runs_every_stage_on_the_device_then_skips_what_is_done(tmp_p
     final.mkdir(parents=True)
     for name in ("agrame.json", "alpha.json"):
         (final / name).write_text("{}")
-    (tmp_path / "e5kd" / "squad-e5.jsonl").write_text("{}\n")
+    (tmp_path / "e5kd" / "squad-e5-2000.jsonl").write_text("{}\n")
     again = dry_run("e5_student.sh", tmp_path).stdout
     assert not lines_with(again, "--gold-strength 5")
     assert [line.split("--sentence-weight ")[1].split()[0] for line in lines_with(again, "training.student")] == ["0"]
     assert len(lines_with(again, "--protocol pool")) == 1
+
+
+def test_e5_student_cpu_scale_run_names_its_files_and_skips_the_twin(tmp_path):
+    # The CPU-scale run of 2026-11-25: fewer records taught (their own teacher files), one student, no twin.
+    out = dry_run("e5_student.sh", tmp_path, DEVICE="cpu", SQUAD="400", NQ="200", STEPS="200", BATCH="8",
+                  NAME="e5-student-cpu", TWIN="0").stdout
+    squad, nq = lines_with(out, "training.e5_teacher score")
+    assert f"--out {tmp_path}/e5kd/squad-e5-400.jsonl --limit 400" in squad
+    assert f"--out {tmp_path}/e5kd/nq-e5-200.jsonl --limit 200" in nq
+    (student,) = lines_with(out, "training.student")
+    assert f"--out {tmp_path}/e5kd/e5-student-cpu " in student and "--sentence-weight 1" in student
+    assert "--steps 200" in student and "--batch-size 8" in student and "--device cpu" in student
+    assert not lines_with(out, "e5-student-cpu-psg")

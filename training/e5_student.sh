@@ -2,8 +2,10 @@
 # Issue 30's next step, for the lent GPU: e5's top layers tuned (training.student --base e5-small), not
 # only a projection of the frozen backbone (e5-kd-128, training/e5_kd.sh). One command; every stage
 # resumes (a finished file is kept):
-#   DEVICE=cuda bash training/e5_student.sh      # the device; on a CPU each stage is hours (not run here)
+#   DEVICE=cuda bash training/e5_student.sh      # the device: 2,000 + 500 records, two 1,000-step students
 #   RUN=echo bash training/e5_student.sh         # print the stages, run nothing (tests/test_scripts.py)
+#   DEVICE=cpu SQUAD=400 NQ=200 STEPS=200 BATCH=8 NAME=e5-student-cpu TWIN=0 bash training/e5_student.sh
+#       the CPU-scale run of 2026-11-25 (e5-kd-128's 600 records; teacher 23 min, 10.8 s a step on 2 cores)
 # Stages:
 #   data     as e5_kd.sh (training/e5_data.sh): 2,000 SQuAD train records, 500 NQ distillation records
 #   teacher  e5's single-vector logits (τ = 0.01; sentences encoded alone, the mode chosen on held-out
@@ -22,16 +24,22 @@ LAYERS=${LAYERS:-4}
 STEPS=${STEPS:-1000}
 BATCH=${BATCH:-16}
 GOLD=${GOLD:-5}
+SQUAD=${SQUAD:-2000}   # SQuAD train records taught (of the 2,000 mined)
+NQ=${NQ:-500}          # NQ distillation records taught (of the 500 mined)
+NAME=${NAME:-e5-student}
+TWIN=${TWIN:-1}        # 1: also its passage-loss-only twin, $NAME-psg
 RUN=${RUN:-}
 $RUN mkdir -p "$R"
 . training/e5_data.sh
-[ -s "$R/squad-e5.jsonl" ] || $RUN python -m training.e5_teacher score --data "$R/squad.jsonl" --out "$R/squad-e5.jsonl" \
+SQ=$R/squad-e5-$SQUAD.jsonl NQF=$R/nq-e5-$NQ.jsonl
+[ -s "$SQ" ] || $RUN python -m training.e5_teacher score --data "$R/squad.jsonl" --out "$SQ" --limit "$SQUAD" \
     --sentence-mode text --gold-strength "$GOLD" --device "$DEVICE"
-[ -s "$R/nq-e5.jsonl" ] || $RUN python -m training.e5_teacher score --data "$R/distill-nq-dev.jsonl" --out "$R/nq-e5.jsonl" \
+[ -s "$NQF" ] || $RUN python -m training.e5_teacher score --data "$R/distill-nq-dev.jsonl" --out "$NQF" --limit "$NQ" \
     --sentence-mode text --device "$DEVICE"
-for name in e5-student e5-student-psg; do
-  weight=1; [ "$name" = e5-student-psg ] && weight=0
-  [ -s "$R/$name/final/agrame.json" ] || $RUN python -m training.student --data "$R/squad-e5.jsonl" "$R/nq-e5.jsonl" \
+names=("$NAME"); [ "$TWIN" = 1 ] && names+=("$NAME-psg")
+for name in "${names[@]}"; do
+  weight=1; [ "$name" = "$NAME-psg" ] && weight=0
+  [ -s "$R/$name/final/agrame.json" ] || $RUN python -m training.student --data "$SQ" "$NQF" \
       --out "$R/$name" --base e5-small --init-model e5-kd-128 --layers "$LAYERS" --dim 128 --steps "$STEPS" \
       --batch-size "$BATCH" --lr 5e-5 --sentence-weight "$weight" --device "$DEVICE"
   $RUN python -m benchmarks.encodings --what colbert --model "$R/$name/final" --device "$DEVICE"
