@@ -208,3 +208,20 @@ def test_e5_section_takes_single_vector_rows_from_every_benchmark():
     assert "Passages only (no sentence vectors encoded yet, `--passages-only`) in: squad-dev (2,000)." in text
     # the passage target is taken against the better of MiniLM (77.0) and e5's single vectors (79.0)
     assert "| passage P@1 − the better of zero-shot MiniLM and e5 single vectors (≥ −1) | -5.0 (missed) | – |" in text
+
+
+def test_e5_candidate_without_a_twin_says_so():
+    from benchmarks.report import render_e5_models
+
+    def row(tag, metrics, model="m"):
+        return {"benchmark": "open_domain", "dataset": "squad-dev", "method": "colbert-zeroshot-psg", "tag": tag,
+                "model": model, "metrics": metrics, "sample": {"questions": 5}, "first_stage": "bm25 top-100",
+                "command": "python -m benchmarks.open_domain", "machine": {"cpus": 2, "torch_threads": 2},
+                "date": "2026-11-26"}
+
+    grouped = {"open_domain": [row(None, {"psg_p1": 77.0, "sent_p1": 66.0}, "zero-shot:all-MiniLM-L6-v2"),
+                               row("e5-student-cpu", {"psg_p1": 75.0, "sent_p1": 70.0})]}
+    text = render_e5_models(grouped)
+    section = text.split("Targets of `e5-student-cpu`")[1]
+    assert "| sentence P@1 − zero-shot MiniLM (≥ +5) | +4.0 (missed) | – |" in section
+    assert "| sentence P@1 − its passage-only twin (≥ +3) | – (no twin trained) | – (no twin trained) |" in section
