@@ -21,8 +21,10 @@ done
 for d in squad-dev nq-oracle; do
   [ -d "$TWIN" ] && run python -m benchmarks.open_domain --dataset "$d" --method colbert-zeroshot-psg $(sample "$d") \
       --model "$TWIN" --tag e5-kd-128-psg
-  run python -m benchmarks.index_search run --dataset "$d" --first-stage agrame --nbits 2 \
-      $([ "$d" = squad-dev ] && echo --limit 2000) --model e5-kd-128 --tag e5-kd-128
+  for m in e5-kd-128 e5-small; do  # e5-small: its 384-d token vectors, zero-shot (a ~100 B/token index)
+    run python -m benchmarks.index_search run --dataset "$d" --first-stage agrame --nbits 2 \
+        $([ "$d" = squad-dev ] && echo --limit 2000) --model "$m" --tag "$m"
+  done
 done
 for m in e5-small e5-kd-128; do
   run python -m benchmarks.cross_domain --dataset scifact --method colbert-zeroshot-psg --model "$m" --tag "$m"
