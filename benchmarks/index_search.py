@@ -184,14 +184,9 @@ def cmd_run(args) -> None:
         pool, remap = restrict_pool(pool, [q.gold_passage for q in questions], args.pool_limit, args.seed)
         for q in questions:
             q.gold_passage = remap[q.gold_passage]
-    if args.first_stage == "single-vector":
-        harness = Harness("pool", pool.texts, pool_sentences(pool))
-    else:
-        vectors = PoolVectors(args.model, pool)
-        encoder = vectors.encoder
-        harness = Harness("pool", pool.texts, vectors.spans)
     info: Dict = {}
     if args.first_stage == "single-vector":
+        harness = Harness("pool", pool.texts, pool_sentences(pool))
         sv = SingleVectorEncoder(args.baseline_model)
         query_vectors = sv.encode_queries([q.text for q in questions])
         passage_vectors = single_vectors(harness.texts, "sv-pool", sv)
@@ -204,6 +199,9 @@ def cmd_run(args) -> None:
                      "fingerprint": sv.fingerprint(),
                      "first_stage": "exhaustive dot product over single vectors (passages and sentences encoded alone)"})
     else:
+        vectors = PoolVectors(args.model, pool)
+        encoder = vectors.encoder
+        harness = Harness("pool", pool.texts, vectors.spans)
         alpha = encoder.settings.alpha if args.alpha is None else args.alpha
         encoded = encode_queries(encoder, [q.text for q in questions])
         info.update({"model": encoder.source, "fingerprint": encoder.fingerprint()[:12], "alpha": alpha})
