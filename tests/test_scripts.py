@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 
 def dry_run(script: str, runs: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     knobs = ("START", "DIM", "ONLY", "STEPS", "DEVICE", "DISTILL", "DISTILL_COPIES", "M", "RESULTS", "GUARDS", "MIXES",
-             "QUERY_MARKER")
+             "QUERY_MARKER", "MINED", "STUDENTS")
     environ = {k: v for k, v in os.environ.items() if k not in knobs}
     environ.update(RUN="echo", AGRAME_RUNS=str(runs), **env)
     return subprocess.run(["bash", str(ROOT / "training" / script), *args], env=environ, capture_output=True,
@@ -241,3 +241,26 @@ def test_e5_student_cpu_scale_run_names_its_files_and_skips_the_twin(tmp_path):
     assert f"--out {tmp_path}/e5kd/e5-student-cpu " in student and "--sentence-weight 1" in student
     assert "--steps 200" in student and "--batch-size 8" in student and "--device cpu" in student
     assert not lines_with(out, "e5-student-cpu-psg")
+
+
+def test_gpu_students_mix_each_from_its_own_start_with_bm25_only_data(tmp_path):
+    students = tmp_path / "students"
+    result = dry_run("gpu_students.sh", tmp_path, STUDENTS=str(students))
+    assert result.returncode == 0, result.stderr
+    out, big = result.stdout, tmp_path / "big"
+    (squad,) = lines_with(out, "training.mined squad")
+    assert "--mined 0 --mine-model none" in squad and "--index" not in squad
+    assert not lines_with(out, "training.student")  # trained elsewhere: mixed only
+    for name, start in (("agrame", "zero-shot"), ("agrame128", "zero-shot-128"), ("colbert", "zero-shot")):
+        (mix,) = lines_with(out, "training.choose_mix", f"--tuned {students}/gpu2100-{name} ")
+        assert f"--start {start} " in mix and "--reference zero-shot" in mix
+        assert f"--out {big}/gpu/choose-mix-gpu2100-{name}-guarded.json" in mix
+        assert lines_with(out, "training.export", f"--out {big}/gpu/export/gpu2100-{name}-guarded")
+    larger = dry_run("gpu_students.sh", tmp_path, STUDENTS=str(students), GUARDS="2000", ONLY="agrame128").stdout
+    (mix,) = lines_with(larger, "training.choose_mix")
+    assert f"--guard nq={big}/guard2000-nq-dev.jsonl" in mix and "gpu2100-agrame128-guarded2000" in mix
+    bad = dry_run("gpu_students.sh", tmp_path, ONLY="nonsense")
+    assert bad.returncode == 2 and "unknown student" in bad.stderr
+    rows = dry_run("scale_eval.sh", tmp_path, "gpu-agrame128", "gpu-colbert", RESULTS=str(tmp_path / "results")).stdout
+    assert lines_with(rows, "benchmarks.citation", f"--model {big}/gpu/export/gpu2100-agrame128-guarded")
+    assert lines_with(rows, "benchmarks.open_domain", f"--model {big}/gpu/gpu2100-colbert-guarded", "--tag gpu-colbert")

@@ -59,8 +59,12 @@ M=${M:-$R}
 MIXES=${MIXES:-}
 RUN=${RUN:-}
 $RUN mkdir -p "$R" "$M"
+# MINED=0: the SQuAD negatives all BM25's, no index of the train paragraphs (how the GPU students of
+# ../shared/models were trained: the CPU index search did not fit that run's time).
+MINED=${MINED:-4}
+if [ "$MINED" = 0 ]; then mine=(--mined 0 --mine-model none); else mine=(--mined "$MINED" --mine-model zero-shot-128 --index "$R/train-index"); fi
 [ -s "$R/squad.jsonl" ] || $RUN python -m training.mined squad --out "$R/squad.jsonl" --heldout "$R/squad-heldout.jsonl" \
-    --negatives 7 --mined 4 --mine-model zero-shot-128 --index "$R/train-index" --limit "$MINED_LIMIT"
+    --negatives 7 "${mine[@]}" --limit "$MINED_LIMIT"
 [ -s "$R/scifact.jsonl" ] || $RUN python -m training.mined scifact --out "$R/scifact.jsonl" --heldout "$R/scifact-heldout.jsonl" \
     --negatives 7
 for part in squad scifact; do
@@ -104,35 +108,17 @@ fi
 if [ "${ONLY:-}" = data ]; then  # ONLY=data: the data only (e.g. mined while the recipe is still being changed)
   exit 0
 fi
-mix() {  # mix MODEL: WiSE-FT λ and then α, chosen on held-out train data, no more than 1 point below zero-shot
-  local m=$1
-  local out="$M/choose-mix-$m-$G.json"  # (a second `local`: the first's $m is not set while it expands)
-  # zero-shot's row is the same for every model mixed on these sets: taken from any earlier mix that has it
-  local -a reuse=() mixes=()
-  local f
-  for f in "$R"/choose-mix-*-$G.json "$R"/*/choose-mix-*-$G.json; do
-    if [ -s "$f" ] && [ "$f" != "$out" ]; then reuse+=(--reuse "$f"); fi
-  done
-  [ -z "$MIXES" ] || read -r -a mixes <<< "--mix $MIXES"
-  [ -s "$out" ] || $RUN python -m training.choose_mix --start "$START" --tuned "$M/$m/final" \
-      --held "squad=$R/squad-heldout.jsonl:0:500" --held "scifact=$R/scifact-heldout.jsonl" \
-      --guard "nq=$R/$guards-nq-dev.jsonl" --guard "trivia=$R/$guards-trivia-dev.jsonl" ${mixes[@]+"${mixes[@]}"} \
-      --reference zero-shot ${reuse[@]+"${reuse[@]}"} --out "$out"
-  local lam="<λ chosen in $out>"
-  [ -n "$RUN" ] || lam=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['best']['model'].split('=')[1])" "$out")
-  $RUN python -m training.interpolate --start "$START" --tuned "$M/$m/final" --mix "$lam" --out "$M/$m-$G"
-  $RUN python -m training.choose_alpha --model "$M/$m-$G" --data "$R/squad-heldout.jsonl" --skip 0 --limit 500 --write
-}
+. training/mix.sh  # mix NAME TUNED START: WiSE-FT λ then α under the guard sets (the one definition)
 # The candidate is mixed and exported before the baseline trains: on the CPU that is a session
 # earlier to see whether it can beat zero-shot at all.
 [ -e "$M/agrame/final/agrame.json" ] || $RUN python -m training.student "${recipe[@]}" --out "$M/agrame" --sentence-marker "Q'"
 # (if-blocks, not `||`: bash ignores set -e inside a function called on the left of && or ||)
 if [ ! -e "$M/export/$G/delta.json" ]; then
-  mix agrame
+  mix agrame "$M/agrame/final" "$START"
   $RUN python -m training.export --model "$M/agrame-$G" --out "$M/export/$G"
 fi
 if [ "${ONLY:-}" = agrame ]; then  # ONLY=agrame: stop at the candidate (measure it before the baseline trains)
   exit 0
 fi
 [ -e "$M/colbert/final/agrame.json" ] || $RUN python -m training.student "${recipe[@]}" --out "$M/colbert" --sentence-weight 0
-mix colbert  # cheap (minutes); repeated on a rerun like the stages before it
+mix colbert "$M/colbert/final" "$START"  # cheap (minutes); repeated on a rerun like the stages before it

@@ -67,7 +67,11 @@ for what in ${*:-agrame colbert}; do
     agrame-distill) candidate "big-agrame-distill$sfx" "$R/distill/export/$G" ;;
     # its passage-loss-only baseline, the same data (DISTILL=1 M=$R/distill bash training/scale.sh, without ONLY)
     colbert-distill) bench "big-colbert-distill$sfx" "$R/distill/colbert-$G" ;;
-    *) echo "scale_eval: unknown model '$what' (agrame, agrame-unguarded, agrame-distill, colbert, colbert-distill)" >&2
+    # the GPU-trained students of ../shared/models, mixed by training/gpu_students.sh (issue 39)
+    gpu-agrame) candidate "gpu-agrame$sfx" "$R/gpu/export/gpu2100-agrame-$G" ;;
+    gpu-agrame128) candidate "gpu-agrame128$sfx" "$R/gpu/export/gpu2100-agrame128-$G" ;;
+    gpu-colbert) bench "gpu-colbert$sfx" "$R/gpu/gpu2100-colbert-$G" ;;
+    *) echo "scale_eval: unknown model '$what' (agrame, agrame-unguarded, agrame-distill, colbert, colbert-distill, gpu-agrame, gpu-agrame128, gpu-colbert)" >&2
        exit 2 ;;
   esac
 done
