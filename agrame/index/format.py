@@ -70,7 +70,7 @@ def _is_int(value, low: int = 0, high: int = 1 << 62) -> bool:
 MANIFEST_FIELDS = {"format", "generation", "agrame_version", "created", "updated", "model", "dim", "nbits",
                    "num_centroids", "code_dtype", "codec", "num_passages", "num_tokens", "num_sentences", "has_spans",
                    "token_offsets", "files", "search", "ivf_generation", "tombstones", "num_deleted", "metadata",
-                   "store", "checksum", "vectors_dtype"}
+                   "store", "checksum", "vectors_dtype", "metadata_digest"}
 
 
 def validate_manifest(path: Path, m: dict) -> None:
@@ -116,6 +116,11 @@ def validate_manifest(path: Path, m: dict) -> None:
         bad("token_offsets", "must be 'stored' or 'tokenizer'")
     if "metadata" in m and m["metadata"] != "meta.sqlite":
         bad("metadata", "must be 'meta.sqlite'")
+    if "metadata_digest" in m:
+        from .metadata import valid_digest
+
+        if "metadata" not in m or not valid_digest(m["metadata_digest"]):
+            bad("metadata_digest", "must be the digest object of the metadata file it names")
     files = m.get("files")
     if not isinstance(files, dict):
         bad("files", "must be an object")
@@ -148,6 +153,47 @@ def validate_manifest(path: Path, m: dict) -> None:
             bad("tombstones", f"must name a file of num_deleted × 4 bytes in 'files'")
     elif dead:
         bad("num_deleted", "is not 0 but no tombstones file is named")
+
+
+#: The data files of a format-1 index (its manifest lists none).
+V1_FILES = ("vectors.f16", "offsets.npy", "token_sentence.npy", "passage_starts.npy", "sentences.npy",
+            "sentence_passage.npy", "passages.jsonl")
+
+
+def check_layout(path: str | Path, manifest: dict) -> None:
+    """Refuse a folder that is not wholly the index its manifest describes — every file it lists
+    present (a regular file, at least its committed size), the store folder and metadata file
+    there — before anything in it is recovered, collected or written. A copied ``manifest.json``
+    alone makes no index: a user's folder holding one is refused untouched. Sizes only (cheap);
+    checksums are the readers' (:func:`check_files`)."""
+    path = Path(path)
+    if manifest["format"] == FORMAT_V2:
+        root = store_root(path, manifest)
+        prefix = str(manifest.get("store", ""))
+        sizes = {name: info["size"] for name, info in manifest["files"].items()}
+        if manifest.get("metadata"):
+            sizes[manifest["metadata"]] = 1
+    else:
+        root, prefix, sizes = path, "", {name: 0 for name in V1_FILES}
+    if prefix and not root.is_dir():
+        raise IndexFolderError(f"{path} is not a whole AGRaME index: its store folder {prefix} is missing "
+                               "(nothing in it was changed)")
+    for name, size in sizes.items():
+        file = root / name
+        if file.is_symlink() or not file.is_file():
+            raise IndexFolderError(f"{path} is not a whole AGRaME index: {prefix}{name} is missing"
+                                   f"{'' if not file.exists() else ' (not a file)'} (nothing in it was changed)")
+        actual = file.stat().st_size
+        if actual < size:
+            raise IndexFolderError(f"{path} is not a whole AGRaME index: {prefix}{name} has {actual} bytes, the "
+                                   f"manifest records {size} (nothing in it was changed)")
+
+
+def read_index(path: str | Path) -> dict:
+    """The manifest of a folder proven to be an index by its whole layout (:func:`check_layout`)."""
+    manifest = read_manifest(path)
+    check_layout(path, manifest)
+    return manifest
 
 
 def store_root(path: Path, manifest: dict) -> Path:

@@ -30,12 +30,21 @@ import json
 import math
 import sqlite3
 import threading
+import zlib
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .format import IndexFolderError
+
 METADATA_FILE = "meta.sqlite"
+#: The manifest field that records the committed rows' digest (:meth:`MetadataDB.digest`).
+DIGEST_FIELD = "metadata_digest"
+#: Rows (passages + field values) whose digest is checked whenever an index is opened; a larger
+#: file only with ``verify=True`` (reading and hashing runs at ~0.5 M rows a second here).
+META_VERIFY_ROWS = 500_000
+_MASK = (1 << 64) - 1
 #: Largest ``$in``/``$nin`` list and deepest nesting a filter may have (a bound on the SQL it becomes).
 MAX_FILTER_VALUES = 10_000
 MAX_FILTER_DEPTH = 32
@@ -285,6 +294,30 @@ def _field_rows(pos: int, meta: Mapping[str, Any]) -> Iterable[tuple]:
             yield pos, key, kind, _stored(kind, v)
 
 
+def _crc_sum(rows: Iterable[tuple]) -> int:
+    return sum(map(zlib.crc32, map(str.encode, map(repr, rows)))) & _MASK
+
+
+def _digest(passages: int, fields: int, field_rows: int) -> dict:
+    return {"passages": f"crc32sum:{passages:016x}", "fields": f"crc32sum:{fields:016x}", "field_rows": field_rows}
+
+
+def add_digests(a: Optional[Mapping[str, Any]], b: Mapping[str, Any]) -> dict:
+    """The digest of two sets of rows together (``a`` None: ``b``)."""
+    if a is None:
+        return dict(b)
+    value = lambda d, k: int(str(d[k]).split(":", 1)[1], 16)  # noqa: E731
+    return _digest((value(a, "passages") + value(b, "passages")) & _MASK,
+                   (value(a, "fields") + value(b, "fields")) & _MASK, int(a["field_rows"]) + int(b["field_rows"]))
+
+
+def valid_digest(d: Any) -> bool:
+    return (isinstance(d, dict) and set(d) == {"passages", "fields", "field_rows"}
+            and all(isinstance(d[k], str) and len(d[k]) == 25 and d[k].startswith("crc32sum:")
+                    and all(c in "0123456789abcdef" for c in d[k][9:]) for k in ("passages", "fields"))
+            and isinstance(d["field_rows"], int) and not isinstance(d["field_rows"], bool) and d["field_rows"] >= 0)
+
+
 class MetadataDB:
     """One store folder's ``meta.sqlite``: read-only for readers (``writable=False``), or a writer's."""
 
@@ -312,20 +345,67 @@ class MetadataDB:
             return self.conn.execute(sql, params).fetchall()
 
     # writes (the caller holds the index's writer lock)
-    def insert(self, rows: Iterable[Tuple[int, str, Optional[Mapping[str, Any]]]]) -> None:
-        rows = list(rows)
+    def insert(self, rows: Iterable[Tuple[int, str, Optional[Mapping[str, Any]]]]) -> dict:
+        """Add rows; the digest of what was added (:func:`add_digests` it to the manifest's)."""
+        rows = [(int(pos), pid, meta) for pos, pid, meta in rows]
+        passages = [(pos, pid, json.dumps(meta, ensure_ascii=False) if meta else None) for pos, pid, meta in rows]
+        fields = [r for pos, _, meta in rows if meta for r in _field_rows(pos, meta)]
         with self._lock:
             self.conn.execute("BEGIN IMMEDIATE")
             try:
-                self.conn.executemany("INSERT INTO passages(pos, id, meta) VALUES (?, ?, ?)",
-                                      [(pos, pid, json.dumps(meta, ensure_ascii=False) if meta else None)
-                                       for pos, pid, meta in rows])
-                self.conn.executemany("INSERT INTO fields(pos, key, t, v) VALUES (?, ?, ?, ?)",
-                                      [r for pos, _, meta in rows if meta for r in _field_rows(pos, meta)])
+                self.conn.executemany("INSERT INTO passages(pos, id, meta) VALUES (?, ?, ?)", passages)
+                self.conn.executemany("INSERT INTO fields(pos, key, t, v) VALUES (?, ?, ?, ?)", fields)
                 self.conn.execute("COMMIT")
             except BaseException:
                 self.conn.execute("ROLLBACK")
                 raise
+        return _digest(_crc_sum(passages), _crc_sum(fields), len(fields))
+
+    # integrity: the file changes in place (SQLite pages), so it has no CRC in the manifest; the rows of
+    # committed positions never change (appends only), so a digest of them is the same at every open
+    def digest(self, num_positions: int) -> dict:
+        """The digest of the committed rows as the searches read them: ``passages`` by position (ids
+        and metadata), its id index (id → position), the field values through ``fields_kv`` (the
+        filters' index) and in their table. A sum of the rows' CRC-32s: additive, so a commit adds
+        its rows' digest. A change of up to 4 bytes in one row changes it for certain (CRC-32 catches
+        every burst of up to 32 bits); other damage goes unseen with odds of about 2⁻³²."""
+        with self._lock:
+            rows = self.conn.execute("SELECT pos, id, meta FROM passages WHERE pos < ?", (num_positions,)).fetchall()
+            by_id = self.conn.execute("SELECT pos, id FROM passages INDEXED BY passages_id WHERE pos < ?",
+                                      (num_positions,)).fetchall()
+            fields = self.conn.execute("SELECT pos, key, t, v FROM fields INDEXED BY fields_kv WHERE pos < ?",
+                                       (num_positions,)).fetchall()
+            table = self.conn.execute("SELECT pos, key, t, v FROM fields NOT INDEXED WHERE pos < ?",
+                                      (num_positions,)).fetchall()
+        if len(rows) != num_positions:
+            raise sqlite3.DatabaseError(f"{len(rows)} passage rows for {num_positions} passages")
+        if len(by_id) != len(rows) or _crc_sum(by_id) != _crc_sum((pos, pid) for pos, pid, _ in rows):
+            raise sqlite3.DatabaseError("its id index disagrees with its passage rows")
+        summed = _crc_sum(fields)
+        if len(table) != len(fields) or _crc_sum(table) != summed:
+            raise sqlite3.DatabaseError("its filter index disagrees with its field rows")
+        return _digest(_crc_sum(rows), summed, len(fields))
+
+    def verify(self, manifest: Mapping[str, Any], index: Any, verify: bool | str = "auto") -> None:
+        """Refuse (naming the file) metadata whose committed rows differ from the manifest's digest;
+        also SQLite's ``quick_check``. ``"auto"`` checks files of up to :data:`META_VERIFY_ROWS` rows;
+        an index written before digests has none to check."""
+        recorded = manifest.get(DIGEST_FIELD)
+        if recorded is None or verify is False:
+            return
+        if verify == "auto" and int(manifest["num_passages"]) + int(recorded["field_rows"]) > META_VERIFY_ROWS:
+            return
+        try:
+            with self._lock:
+                quick = self.conn.execute("PRAGMA quick_check").fetchall()
+            if quick != [("ok",)]:
+                raise sqlite3.DatabaseError("; ".join(str(r[0]) for r in quick[:3]))
+            actual = self.digest(int(manifest["num_passages"]))
+        except sqlite3.Error as exc:
+            raise IndexFolderError(f"index {index} is damaged: {self.path.name}: {exc}") from None
+        if actual != dict(recorded):
+            raise IndexFolderError(f"index {index} is damaged: {self.path.name} does not match its digest "
+                                   "(a stored id, metadata value or filter row was changed)")
 
     def truncate(self, num_positions: int) -> int:
         """Drop rows of positions ≥ ``num_positions`` (a killed writer's uncommitted rows); how many."""
@@ -380,5 +460,5 @@ class MetadataDB:
         return [found[p] for p in positions]
 
 
-__all__ = ["FilterError", "MetadataDB", "MetadataError", "compile_filter", "is_empty", "matches", "parse_filter",
+__all__ = ["DIGEST_FIELD", "FilterError", "MetadataDB", "add_digests", "MetadataError", "compile_filter", "is_empty", "matches", "parse_filter",
            "validate_metadata", "METADATA_FILE"]

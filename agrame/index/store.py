@@ -49,7 +49,7 @@ from .codec import ResidualCodec, num_centroids
 from .format import (FORMAT_V2, MANIFEST, IndexFolderError, check_files, crc32_file, ivf_generation,
                      model_block, read_manifest, store_root)
 from .ivf import InvertedFile, build_ivf, merge_ivf, unique_pairs
-from .metadata import METADATA_FILE, MetadataDB
+from .metadata import DIGEST_FIELD, METADATA_FILE, MetadataDB
 
 TOKEN_DTYPE = np.dtype([("start", "<i4"), ("length", "<u2")])
 TOKENS_FILE = "tokens.bin"
@@ -422,7 +422,7 @@ def write_blocks(folder: Path, model: dict, codec: ResidualCodec, codec_info: di
     _ivf_files(folder, ivf, generation, files)
     db = MetadataDB(folder / METADATA_FILE, writable=True, create=True)
     try:
-        db.insert((pos, p.id, p.metadata) for pos, p in enumerate(passages))
+        digest = db.insert((pos, p.id, p.metadata) for pos, p in enumerate(passages))
     finally:
         db.close()
     return {
@@ -433,7 +433,7 @@ def write_blocks(folder: Path, model: dict, codec: ResidualCodec, codec_info: di
         "codec": codec_info, "num_passages": writer.next_pid, "num_tokens": writer.tokens,
         "num_sentences": writer.sentences, "has_spans": writer.has_spans,
         "token_offsets": "stored" if store_offsets else "tokenizer", "files": files,
-        "metadata": METADATA_FILE,
+        "metadata": METADATA_FILE, DIGEST_FIELD: digest,
     }
 
 
@@ -526,7 +526,7 @@ class Store:
     """
 
     def __init__(self, path: str | Path, manifest: Optional[dict] = None, verify: bool | str = "auto",
-                 tokenize: Optional[Callable[[List[str]], list]] = None):
+                 tokenize: Optional[Callable[[List[str]], list]] = None, verify_meta: bool | str | None = None):
         self.path = Path(path)
         self.tokenize = tokenize
         self.manifest = manifest if manifest is not None else read_manifest(self.path)
@@ -583,6 +583,11 @@ class Store:
                 self.meta = MetadataDB(self.root / m["metadata"])
             except (OSError, sqlite3.Error) as exc:
                 raise IndexFolderError(f"index {self.path} is damaged: {m['metadata']}: {exc}") from None
+            try:
+                self.meta.verify(m, self.path, verify if verify_meta is None else verify_meta)
+            except BaseException:
+                self.close()
+                raise
 
     def close(self) -> None:
         """Close the metadata connection (memory maps go with the object)."""
@@ -792,6 +797,7 @@ def verify_crc(path: str | Path) -> None:
         try:
             db = MetadataDB(root / manifest["metadata"])
             try:
+                db.verify(manifest, path, verify=True)
                 db.check()
                 if db.count() < manifest["num_passages"]:
                     raise sqlite3.DatabaseError(f"{db.count()} rows for {manifest['num_passages']} passages")

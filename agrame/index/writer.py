@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import shutil
+import sqlite3
 import time
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
@@ -36,11 +37,11 @@ import numpy as np
 
 from ..corpus import Passage, as_passages
 from ..encoder import Encoder
-from .format import (FORMAT_V2, MANIFEST, IndexFolderError, check_model, ivf_generation, read_manifest, store_root,
-                     write_manifest)
+from .format import (FORMAT_V2, MANIFEST, V1_FILES, IndexFolderError, check_layout, check_model, crc32_file,
+                     ivf_generation, read_index, read_manifest, store_root, write_manifest)
 from .ivf import build_ivf, merge_ivf, unique_pairs
-from .lock import LOCK_FILE, WriterLock, pid_alive
-from .metadata import METADATA_FILE, MetadataDB, validate_metadata
+from .lock import LOCK_FILE, WriterLock, build_lock, pid_alive
+from .metadata import DIGEST_FIELD, METADATA_FILE, MetadataDB, add_digests, validate_metadata
 from .store import (APPEND_FILES, SENTENCE_TOKENS_FILE, TOKENS_FILE, Store, _Appender, _ChunkWriter, _codec_files,
                     _encode_chunks, _ivf_files, _ranges, _write_fixed, append_files, offsets_stored, write_store)
 
@@ -53,6 +54,7 @@ COMPACT_CHUNK = 2048
 
 _TEMP = re.compile(r"\..+\.tmp-(\d+)")
 _EPOCH = re.compile(r"s(\d+)")
+_SHARD = re.compile(r"shard-\d{3,6}")
 _OURS = re.compile(r"(ivf-\d+\.(offsets|pids)\.bin|deleted-\d+\.bin|meta\.sqlite(-wal|-shm|-journal)?|"
                    r"centroids\.f16|buckets\.f32|tokens\.bin|sentence_tokens\.bin|"
                    # format-1 files (an index rebuilt in place as format 2 drops them)
@@ -81,9 +83,18 @@ def _remove(entry: Path) -> None:
         entry.unlink(missing_ok=True)
 
 
+def _ours_folder(entry: Path) -> bool:
+    """Whether a store folder (``sN/``) holds only names AGRaME writes (a user's ``s3/`` is not ours)."""
+    try:
+        return all(_ours(sub.name) and not sub.is_dir() for sub in entry.iterdir())
+    except OSError:
+        return False
+
+
 def collect_garbage(path: Path, manifest: dict) -> List[str]:
     """Remove what a committed version-2 manifest does not name: temporary files, superseded or
-    uncommitted store files, other store folders. Only names AGRaME writes are touched."""
+    uncommitted store files, other store folders. Only names AGRaME writes are touched: a store
+    folder holding anything else (a user's ``s3/``) is left where it is."""
     prefix = str(manifest.get("store", ""))
     keep = {prefix + name for name in manifest.get("files", {})}
     if manifest.get("metadata"):
@@ -96,25 +107,54 @@ def collect_garbage(path: Path, manifest: dict) -> List[str]:
         if entry.is_dir() and not entry.is_symlink() and _EPOCH.fullmatch(name):
             if prefix == name + "/":
                 for sub in sorted(entry.iterdir()):
-                    if f"{name}/{sub.name}" not in keep and _ours(sub.name):
+                    if f"{name}/{sub.name}" not in keep and _ours(sub.name) and not sub.is_dir():
                         _remove(sub)
                         removed.append(f"{name}/{sub.name}")
-            else:
+            elif _ours_folder(entry):
                 _remove(entry)
                 removed.append(name + "/")
-        elif name not in keep and _ours(name):
+        elif name not in keep and _ours(name) and not (entry.is_dir() and not _TEMP.fullmatch(name)):
             _remove(entry)
             removed.append(name)
     return removed
 
 
-def stale_beside(path: Path) -> List[Path]:
-    """Temporary folders of dead writers beside ``path`` (``.NAME.tmp-PID``)."""
+def _stale_temp(entry: Path) -> bool:
+    """A ``.NAME.tmp-PID`` folder beside an index that a writer which died left: its pid is gone,
+    nobody holds NAME's build lock, and it holds only what an index build writes."""
+    match = _TEMP.fullmatch(entry.name)
+    if not match or not entry.is_dir() or entry.is_symlink() or pid_alive(int(match.group(1))):
+        return False
+    try:
+        names = {sub.name: sub.is_dir() for sub in entry.iterdir()}
+        if not all(_ours(name) or name in (MANIFEST, LOCK_FILE, "shards.json", "journal.json")
+                   or ((_EPOCH.fullmatch(name) or _SHARD.fullmatch(name)) and is_dir)
+                   for name, is_dir in names.items()):
+            return False
+        # and something only a build writes first (an empty folder may be anybody's)
+        if not ({MANIFEST, "centroids.f16", "vectors.f16", "shards.json"} & set(names)
+                or any(_SHARD.fullmatch(name) for name in names)):
+            return False
+    except OSError:
+        return False
+    target = entry.parent / entry.name[1:entry.name.rindex(".tmp-")]
+    lock = build_lock(target)
+    try:
+        lock.acquire()
+    except IndexFolderError:
+        return False  # being built right now (by a process in another pid namespace, say)
+    lock.release()
+    return True
+
+
+def stale_beside(path: Path, every: bool = False) -> List[Path]:
+    """Temporary folders of dead writers beside ``path`` (``.NAME.tmp-PID``); ``every``: of any
+    index in ``path``'s parent (a fresh build's leftovers are cleaned by the next build there)."""
     out = []
     if path.parent.is_dir():
-        for entry in path.parent.glob(f".{glob_escape(path.name)}.tmp-*"):
-            match = _TEMP.fullmatch(entry.name)
-            if match and not pid_alive(int(match.group(1))):
+        pattern = ".*.tmp-*" if every else f".{glob_escape(path.name)}.tmp-*"
+        for entry in path.parent.glob(pattern):
+            if _stale_temp(entry):
                 out.append(entry)
     return out
 
@@ -156,41 +196,88 @@ def _folder_error(path: Path, exc: OSError) -> IndexFolderError:
     return IndexFolderError(f"cannot write index {path}: {reason}")
 
 
+def prove_index(path: Path) -> str:
+    """``"sharded"`` or the format of the index at ``path``, proven by its whole layout (every
+    shard's too), or :class:`IndexFolderError` saying why it is not one."""
+    if (path / "shards.json").is_file():
+        from .sharded import read_shards
+
+        for shard in read_shards(path)["shards"]:
+            read_index(path / shard)
+        return "sharded"
+    return read_index(path)["format"]
+
+
+def foreign_entries(path: Path, kind: str) -> List[str]:
+    """Entries of an index folder that its format does not own (a user's files put inside it):
+    what replacing the folder whole would delete."""
+    if kind == "sharded":
+        from .sharded import read_shards
+
+        owned = {MANIFEST, LOCK_FILE, "shards.json", "journal.json", *read_shards(path)["shards"]}
+    elif kind == FORMAT_V2:
+        return []  # rebuilt in place: collect_garbage removes only what is AGRaME's
+    else:
+        owned = {MANIFEST, LOCK_FILE, *V1_FILES}
+    return sorted(e.name + ("/" if e.is_dir() else "") for e in path.iterdir()
+                  if e.name not in owned and not _TEMP.fullmatch(e.name))
+
+
 def build_new_folder(path: Path, overwrite: bool, write: Callable[[Path], Optional[dict]], *,
-                     exchange: bool = False, say: Optional[Callable[[str], None]] = None) -> bool:
+                     exchange: bool = False, say: Optional[Callable[[str], None]] = None,
+                     lock_timeout: float = 0.0) -> bool:
     """Build an index where none is: ``write(tmp)`` fills a temporary folder beside ``path`` (and
     returns the manifest to commit there, or writes one itself), then one rename puts it in place.
 
+    The build holds ``path``'s build lock (:func:`~agrame.index.lock.build_lock`, beside it) from
+    before it starts until the rename: a second build of the same path is refused naming this one
+    (or waits ``lock_timeout`` seconds), and a path that appeared meanwhile is never replaced.
+
     False, having written nothing, when ``path`` is an index to be replaced in place
-    (``overwrite``; the caller rebuilds it under its lock), unless ``exchange`` (format 1, which
-    has no generations): then the new folder and the old swap places atomically. A folder that is
-    not an index is never replaced; a file is never written through.
+    (``overwrite``; the caller rebuilds it under its lock), unless ``exchange`` (format 1 and
+    sharded indexes, which have no generations): then the new folder and the old swap places
+    atomically. A folder is an index only by its whole layout (:func:`prove_index`); anything
+    else is never replaced, nor an index holding files of the user's; a file is never written
+    through.
     """
     say = say or log.info
     path = Path(path)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # (the build lock lives there)
+    except OSError as exc:
+        raise _folder_error(path, exc) from None
+    lock = build_lock(path, lock_timeout)
+    lock.acquire()
+    try:
+        return _build_locked(path, overwrite, write, exchange, say)
+    finally:
+        lock.release()
+
+
+def _build_locked(path: Path, overwrite: bool, write, exchange: bool, say) -> bool:
+    replacing = False
+    try:
         recover_aside(path, say)
         if path.exists() or path.is_symlink():
-            if not path.is_dir():
+            if not path.is_dir() or path.is_symlink():
                 raise IndexFolderError(f"{path} exists and is not a folder")
-            empty = not any(path.iterdir())
-            sharded = (path / "shards.json").is_file()
-            if not empty:
+            if any(path.iterdir()):
                 try:
-                    if sharded:
-                        from .sharded import read_shards
-                        read_shards(path)
-                    else:
-                        read_manifest(path)
+                    kind = prove_index(path)
                 except IndexFolderError as exc:
                     raise IndexFolderError(f"{path} exists and is not an AGRaME index ({exc}); --overwrite replaces "
                                            "only an index: choose another path or remove it yourself") from None
                 if not overwrite:
                     raise IndexFolderError(f"{path} already exists (use --overwrite to replace it)")
-                if not exchange and not sharded:  # a sharded index has no generations of its own: swap it whole
+                if not exchange and kind == FORMAT_V2:
                     return False
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in stale_beside(path):
+                foreign = foreign_entries(path, kind)
+                if foreign:
+                    shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+                    raise IndexFolderError(f"{path} holds files that are not the index's ({shown}); --overwrite "
+                                           "would delete them: move them out first")
+                replacing = True
+        for stale in stale_beside(path, every=True):
             _remove(stale)
             say(f"removed {stale.name}, left beside {path.name} by a writer that died")
         tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
@@ -202,16 +289,20 @@ def build_new_folder(path: Path, overwrite: bool, write: Callable[[Path], Option
         manifest = write(tmp)
         if manifest is not None:
             write_manifest(tmp, manifest)
-        if path.exists() and any(path.iterdir()):
+        if replacing:
             _exchange(tmp, path)
             _remove(tmp)  # the old index, now at the temporary name
+        elif (path.exists() or path.is_symlink()) and (not path.is_dir() or any(path.iterdir())):
+            # Only a writer that does not take the build lock (an older AGRaME, a copy by hand) gets here.
+            raise IndexFolderError(f"{path} appeared while this build ran, written by another process; it was "
+                                   "left as it is and nothing of this build was kept")
         else:
             try:
                 os.rename(tmp, path)
             except OSError as exc:
-                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                    raise IndexFolderError(f"{path} was created by another writer while this one built; "
-                                           "nothing of this build was kept") from None
+                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                    raise IndexFolderError(f"{path} appeared while this build ran, written by another process; it "
+                                           "was left as it is and nothing of this build was kept") from None
                 raise
     except OSError as exc:
         _remove(tmp)
@@ -257,11 +348,8 @@ class IndexWriter:
 
     def __enter__(self) -> "IndexWriter":
         recover_aside(self.path, self.say)
-        read_manifest(self.path)  # refuses what is not an index before a lock file is made in it
-        try:
-            self.lock.acquire()
-        except IndexFolderError:
-            raise
+        read_index(self.path)  # refuses what is not wholly an index before a lock file is made in it
+        self.lock.acquire()
         try:
             self.recovered = self.recover()
         except BaseException:
@@ -275,37 +363,58 @@ class IndexWriter:
     # -- recovery ---------------------------------------------------------------------------
 
     def recover(self) -> List[str]:
-        """Undo what a writer that died left: uncommitted bytes and rows, unnamed files, stale folders."""
+        """Undo what a writer that died left: uncommitted bytes and rows, unnamed files, stale folders.
+
+        Everything is checked before anything is changed: the whole layout (:func:`check_layout`),
+        the committed bytes of each file to be cut (their CRC-32: a longer file that is not this
+        index's own is refused, not cut) and the committed metadata rows (their digest)."""
         manifest = read_manifest(self.path)
+        check_layout(self.path, manifest)
         done: List[str] = []
         try:
-            for stale in stale_beside(self.path):
-                _remove(stale)
-                done.append(f"../{stale.name}/")
-            if manifest["format"] != FORMAT_V2:
-                for entry in self.path.iterdir():
-                    if _TEMP.fullmatch(entry.name):
-                        _remove(entry)
-                        done.append(entry.name)
-            else:
+            cuts: List[tuple] = []
+            db = None
+            if manifest["format"] == FORMAT_V2:
                 root = store_root(self.path, manifest)
                 for name, info in manifest["files"].items():
                     file = root / name
-                    if file.exists() and file.stat().st_size > info["size"]:
-                        with open(file, "r+b") as f:
-                            f.truncate(info["size"])
-                        done.append(f"{name}: {file.stat().st_size - info['size']} uncommitted bytes")
-                if manifest.get("metadata") and (root / manifest["metadata"]).exists():
+                    extra = file.stat().st_size - info["size"]
+                    if extra > 0:
+                        if crc32_file(file, info["size"]) != info["crc32"]:
+                            raise IndexFolderError(f"index {self.path} is damaged: {name} does not match its "
+                                                   "checksum (nothing in the index was changed)")
+                        cuts.append((file, name, info["size"], extra))
+                if manifest.get("metadata"):
                     db = MetadataDB(root / manifest["metadata"], writable=True)
-                    try:
-                        rows = db.truncate(int(manifest["num_passages"]))
-                    finally:
-                        db.close()
+            try:
+                if db is not None:
+                    db.verify(manifest, self.path, verify="auto")
+                for stale in stale_beside(self.path):
+                    _remove(stale)
+                    done.append(f"../{stale.name}/")
+                if manifest["format"] != FORMAT_V2:
+                    for entry in self.path.iterdir():
+                        if _TEMP.fullmatch(entry.name) and not entry.is_dir():
+                            _remove(entry)
+                            done.append(entry.name)
+                    return self._said(done)
+                for file, name, size, extra in cuts:
+                    with open(file, "r+b") as f:
+                        f.truncate(size)
+                    done.append(f"{name}: {extra} uncommitted bytes")
+                if db is not None:
+                    rows = db.truncate(int(manifest["num_passages"]))
                     if rows:
                         done.append(f"{manifest['metadata']}: {rows} uncommitted rows")
-                done += collect_garbage(self.path, manifest)
+            finally:
+                if db is not None:
+                    db.close()
+            done += collect_garbage(self.path, manifest)
         except OSError as exc:
             raise _folder_error(self.path, exc) from None
+        return self._said(done)
+
+    def _said(self, done: List[str]) -> List[str]:
         if done:
             self.say(f"recovered {self.path} from an interrupted write: removed {', '.join(done)}")
         return done
@@ -319,7 +428,9 @@ class IndexWriter:
                                    f"({FORMAT_V2}) index (rebuild it with --overwrite)")
         # Sizes checked, checksums not recomputed: a change reads only what it touches, and the CRC of a
         # store of hundreds of MB would be most of a small delete's latency (readers check at open).
-        return manifest, Store(self.path, manifest, verify=False)
+        # The metadata's digest is checked (within its budget): a delete by filter or an upsert acts on what
+        # the rows say, and must not act on damaged ones.
+        return manifest, Store(self.path, manifest, verify=False, verify_meta="auto")
 
     def add(self, encoder: Encoder, passages, **options) -> dict:
         """Append passages whose ids the index does not hold (an id it holds is an error)."""
@@ -411,12 +522,19 @@ class IndexWriter:
         """The writable metadata file; an index written before metadata gets one (ids only) in this change."""
         name = manifest.get("metadata")
         if name:
-            return MetadataDB(store.root / name, writable=True)
+            db = MetadataDB(store.root / name, writable=True)
+            if DIGEST_FIELD not in manifest:  # written before digests: its rows as they are now
+                try:
+                    new[DIGEST_FIELD] = db.digest(int(manifest["num_passages"]))
+                except sqlite3.Error as exc:
+                    db.close()
+                    raise IndexFolderError(f"index {self.path} is damaged: {name}: {exc}") from None
+            return db
         file = store.root / METADATA_FILE
         for suffix in ("", "-wal", "-shm"):
             Path(str(file) + suffix).unlink(missing_ok=True)
         db = MetadataDB(file, writable=True, create=True)
-        db.insert((pos, pid, None) for pos, pid in enumerate(store.ids()))
+        new[DIGEST_FIELD] = db.insert((pos, pid, None) for pos, pid in enumerate(store.ids()))
         new["metadata"] = METADATA_FILE
         return db
 
@@ -438,7 +556,8 @@ class IndexWriter:
             if bar is not None:
                 bar.close()
         files.update(out.files)
-        db.insert((first + i, p.id, p.metadata) for i, p in enumerate(passages))
+        new[DIGEST_FIELD] = add_digests(new.get(DIGEST_FIELD),
+                                        db.insert((first + i, p.id, p.metadata) for i, p in enumerate(passages)))
         ivf = merge_ivf(store.ivf, np.concatenate(writer.pairs), store.codec.num_centroids)
         old = ivf_generation(new)
         for suffix in ("offsets", "pids"):
@@ -453,9 +572,12 @@ class IndexWriter:
 
     def _new_store_folder(self, manifest: dict) -> tuple:
         match = _EPOCH.fullmatch(str(manifest.get("store", "")).rstrip("/"))
-        name = f"s{int(match.group(1)) + 1 if match else 1}"
+        n = int(match.group(1)) + 1 if match else 1
+        while (self.path / f"s{n}").exists() and not ((self.path / f"s{n}").is_dir() and _ours_folder(self.path / f"s{n}")):
+            n += 1  # a user's folder of that name (or a file) is passed over, never emptied
+        name = f"s{n}"
         folder = self.path / name
-        _remove(folder)
+        _remove(folder)  # a killed writer's partial store folder
         folder.mkdir()
         return name, folder
 
@@ -511,12 +633,12 @@ class IndexWriter:
                 else:
                     ids = store.ids()
                     old_rows = [(int(p), ids[p], None) for p in live]
-                db.insert((new_pos, pid, meta) for new_pos, (_, pid, meta) in enumerate(old_rows))
+                digest = db.insert((new_pos, pid, meta) for new_pos, (_, pid, meta) in enumerate(old_rows))
             finally:
                 db.close()
             new = {k: v for k, v in manifest.items() if k not in ("tombstones", "num_deleted")}
             new.update(store=name + "/", generation=generation, ivf_generation=generation, files=files,
-                       metadata=METADATA_FILE, num_passages=int(len(live)), num_tokens=tokens,
+                       metadata=METADATA_FILE, num_passages=int(len(live)), num_tokens=tokens, metadata_digest=digest,
                        num_sentences=sentences, updated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
             write_manifest(self.path, new)
         finally:
