@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+import torch.utils._python_dispatch
 
 from training.interpolate import interpolate, projection_agreement
 from training.losses import MultiGranularKLLoss
@@ -264,9 +265,30 @@ def test_guard_sets_only_constrain_the_mix():
     assert strict["model"] == "mix=0" and strict["guard"].startswith("none admissible")
 
 
-def test_student_runs_on_the_encoders_device(make_tiny_encoder):
-    # No GPU here: the meta device checks the same thing — any tensor left on the CPU would meet
-    # a meta tensor in one operation and raise.
+class OneDeviceMode(torch.utils._python_dispatch.TorchDispatchMode):
+    """Refuses every operation whose tensor arguments sit on more than one device (a 0-dim CPU
+    tensor, which PyTorch itself lets meet any device, excepted) — what a GPU refuses. The meta
+    device alone lets an index or a mask built on the CPU through, which is how the two CUDA bugs of
+    ../shared/models/README.md passed its test."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        devices = set()
+
+        def visit(x):
+            if isinstance(x, torch.Tensor) and not (x.device.type == "cpu" and x.dim() == 0):
+                devices.add(x.device.type)
+            elif isinstance(x, (list, tuple)):
+                for y in x:
+                    visit(y)
+
+        visit(args)
+        visit(list((kwargs or {}).values()))
+        if len(devices) > 1:
+            raise RuntimeError(f"{func}: tensors on {sorted(devices)} in one operation")
+        return func(*args, **(kwargs or {}))
+
+
+def _meta_student(make_tiny_encoder):
     from transformers import BertModel
 
     encoder = make_tiny_encoder(doc_maxlen=64, query_maxlen=8).with_settings(
@@ -275,11 +297,35 @@ def test_student_runs_on_the_encoders_device(make_tiny_encoder):
     config._attn_implementation = "eager"  # sdpa's attention-mask shortcut reads a value (.item())
     encoder.backbone = BertModel(config, add_pooling_layer=False)
     encoder.to("meta")
+    return encoder
+
+
+def test_the_mode_catches_a_cpu_index_on_another_device():
+    x = torch.zeros(2, 6, device="meta")
+    x.gather(1, torch.zeros(2, 3, dtype=torch.long))  # the meta device alone lets this through
+    with pytest.raises(RuntimeError, match="in one operation"), OneDeviceMode():
+        x.gather(1, torch.zeros(2, 3, dtype=torch.long))
+
+
+def test_a_student_step_keeps_every_tensor_on_the_encoders_device(make_tiny_encoder):
+    # No GPU here: the encoder on the meta device and every operation refused that mixes devices — one
+    # whole step (forward, loss, backward through the marker-row hook, optimizer) of the in-batch,
+    # multi-granular student with marker rows, as the GPU run made it.
+    from training.student import trainable_parameters
+
+    encoder = _meta_student(make_tiny_encoder)
     batch = [record("reefs", [0, 1, 2]), record("tower", [2, 3, 0])]
+    params = trainable_parameters(encoder, layers=1)
+    assert any(p is encoder.backbone.embeddings.word_embeddings.weight for p in params)  # the marker-row hook
+    optimizer = torch.optim.AdamW(params, lr=1e-4)
     for in_batch in (False, True):
         scorer = StudentScorer(encoder, "Q'", in_batch=in_batch)
         assert scorer.device.type == "meta"
-        value = make_loss(scorer, MultiGranularKLLoss())(batch)
+        with OneDeviceMode():
+            value = make_loss(scorer, MultiGranularKLLoss())(batch)
+            value.backward()
+            optimizer.step()
+            optimizer.zero_grad()
         assert value.device.type == "meta" and value.shape == ()
 
 

@@ -92,8 +92,9 @@ class MultiGranularKLLoss(nn.Module):
         per_passage = masked_kl(teacher_sentence, student_sentence, sentence_mask.bool())  # [B, P]
         own = teacher_passage
         if own_passages is not None and teacher_passage.shape[-1] != own_passages:
-            b = torch.arange(teacher_passage.shape[0]).unsqueeze(1)
-            own = teacher_passage.gather(1, b * own_passages + torch.arange(own_passages))
+            device = teacher_passage.device  # (a gather index on another device fails on a GPU)
+            b = torch.arange(teacher_passage.shape[0], device=device).unsqueeze(1)
+            own = teacher_passage.gather(1, b * own_passages + torch.arange(own_passages, device=device))
         w = self.weights(own).detach()
         l_sent = (w * per_passage).sum(dim=-1).mean()
         total = l_psg + self.sentence_weight * l_sent

@@ -137,9 +137,11 @@ def trainable_parameters(encoder: Encoder, layers: int) -> List[nn.Parameter]:
     if rows:
         emb = encoder.backbone.embeddings.word_embeddings.weight
         emb.requires_grad_(True)
-        keep = torch.zeros(emb.shape[0], 1)
+        keep = torch.zeros(emb.shape[0], 1, device=emb.device)
         keep[rows] = 1.0
-        emb.register_hook(lambda g: g * keep)  # only the marker rows learn
+        # only the marker rows learn; the mask follows the gradient's device (a GPU refuses a CPU mask,
+        # and the encoder may move after this is called)
+        emb.register_hook(lambda g: g * (keep if keep.device == g.device else keep.to(g.device)))
         emb._no_decay = True  # weight decay would shrink every other row
         params.append(emb)
     return params
