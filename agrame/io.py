@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import IO, Iterator, List, Optional, Tuple
@@ -11,6 +12,40 @@ from .corpus import Passage
 from .spans import normalize_span
 
 FORMATS = ("auto", "jsonl", "tsv", "text", "parquet")
+#: Longest passage read (characters; ``--max-passage-chars``): a passage is encoded in overlapping
+#: windows, so its cost grows with its length (an 8 MB one ran past 90 s and 1.6 GB here).
+MAX_PASSAGE_CHARS = 200_000
+#: Deepest JSON nesting any reader accepts, checked before parsing (Python's parser recurses).
+MAX_JSON_DEPTH = 64
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # (unrolled: linear, fast on long strings)
+_JSON_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def json_depth(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> int:
+    """The nesting depth of a JSON text (strings skipped), counted only up to ``limit + 1``: linear,
+    without recursion, so it runs before a parser that would recurse on a hostile input."""
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    if b"[" not in data and b"{" not in data:
+        return 0
+    depth = deepest = 0
+    for match in _JSON_BRACKET.finditer(_JSON_STRING.sub(b"", data)):
+        if match.group() in b"[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    break
+        else:
+            depth -= 1
+    return deepest
+
+
+def loads_json(text: str | bytes, limit: int = MAX_JSON_DEPTH):
+    """``json.loads`` of a text nested at most ``limit`` deep (deeper: ``json.JSONDecodeError``)."""
+    if json_depth(text, limit) > limit:
+        raise json.JSONDecodeError(f"nested more than {limit} deep", text if isinstance(text, str) else "", 0)
+    return json.loads(text)
 
 
 class InputError(ValueError):
@@ -72,18 +107,18 @@ def detect_format(path: str, first_line: Optional[str]) -> str:
     return "text"
 
 
-def read_passages(path: str, fmt: str = "auto") -> List[Passage]:
+def read_passages(path: str, fmt: str = "auto", max_chars: Optional[int] = MAX_PASSAGE_CHARS) -> List[Passage]:
     """Read passages: JSONL ``{"id", "text", "spans"?, "metadata"?}``, TSV ``id<TAB>text`` or one per line.
 
     Blank lines are skipped. Ids must be unique; JSONL ids default to the passage's
     0-based position. ``spans`` (JSONL only) is a list of ``[start, end]`` or of lists of
-    such pieces, in characters of ``text``.
+    such pieces, in characters of ``text``. A text longer than ``max_chars`` is refused (None: any).
     """
     if fmt not in FORMATS:
         raise InputError(f"unknown input format {fmt!r}; choose one of {', '.join(FORMATS)}")
     name = "<stdin>" if path == "-" else path
     if fmt == "parquet" or (fmt == "auto" and detect_format(path, None) == "parquet"):
-        return _read_parquet(path, name)
+        return _read_parquet(path, name, max_chars)
     lines = [(n, line) for n, line in read_lines(path) if line.strip()]
     if fmt == "auto":
         fmt = detect_format(path, lines[0][1] if lines else None)
@@ -103,13 +138,20 @@ def read_passages(path: str, fmt: str = "auto") -> List[Passage]:
             passage = Passage(pid.strip(), text)
         else:
             passage = Passage(str(len(passages)), line)
+        _check_length(passage, max_chars, name, number)
         _append_unique(passages, seen, passage, name, number, "line")
     if not passages:
         raise InputError("no passages (the input is empty)", name)
     return passages
 
 
-def _read_parquet(path: str, name: str) -> List[Passage]:
+def _check_length(passage: Passage, max_chars: Optional[int], name: str, number: int) -> None:
+    if max_chars is not None and len(passage.text) > max_chars:
+        raise InputError(f"{len(passage.text):,} characters, at most {max_chars:,} (--max-passage-chars; split "
+                         "long documents into passages)", name, number, "text")
+
+
+def _read_parquet(path: str, name: str, max_chars: Optional[int] = MAX_PASSAGE_CHARS) -> List[Passage]:
     """Rows of a Parquet file as passages: columns ``text`` (required), ``id``, ``spans``, ``metadata``
     (a struct, or a JSON object as a string); errors name the row (1-based) like a line."""
     try:
@@ -130,12 +172,14 @@ def _read_parquet(path: str, name: str) -> List[Passage]:
     for number, record in enumerate(table.to_pylist(), start=1):
         if isinstance(record.get("metadata"), str):
             try:
-                record["metadata"] = json.loads(record["metadata"])
+                record["metadata"] = loads_json(record["metadata"])
             except json.JSONDecodeError as exc:
                 raise InputError(f"malformed JSON: {exc.msg}", name, number, "metadata") from None
         for key in [k for k, v in record.items() if v is None]:
             del record[key]
-        _append_unique(passages, seen, _parse_record(record, name, number, len(passages)), name, number, "row")
+        passage = _parse_record(record, name, number, len(passages))
+        _check_length(passage, max_chars, name, number)
+        _append_unique(passages, seen, passage, name, number, "row")
     if not passages:
         raise InputError("no passages (the input is empty)", name)
     return passages
@@ -150,7 +194,7 @@ def _append_unique(passages: List[Passage], seen: dict, passage: Passage, name: 
 
 def _parse_jsonl(line: str, name: str, number: int, position: int) -> Passage:
     try:
-        record = json.loads(line)
+        record = loads_json(line)
     except json.JSONDecodeError as exc:
         raise InputError(f"malformed JSON: {exc.msg} (column {exc.colno})", name, number) from None
     return _parse_record(record, name, number, position)

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, TextIO, Tuple
 
+from .io import loads_json
 from .ranker import ScoredSpan
 
 #: Characters of a passage id that TREC columns cannot carry as they are.
@@ -131,7 +132,7 @@ def read_queries(path: str | Path, fmt: Optional[str] = None) -> List[Tuple[str,
             fmt = "jsonl" if line.lstrip().startswith("{") else "tsv"
         if fmt == "jsonl":
             try:
-                record = json.loads(line)
+                record = loads_json(line)
             except json.JSONDecodeError as exc:
                 raise RunFileError(f"{where}: not valid JSON ({exc.msg})") from None
             if not isinstance(record, dict):

@@ -16,7 +16,7 @@ import sys
 from typing import List, Optional, Sequence
 
 from agrame import __version__
-from agrame.io import FORMATS, read_passages, read_text
+from agrame.io import FORMATS, MAX_PASSAGE_CHARS, read_passages, read_text
 
 EXIT_USAGE = 2
 
@@ -124,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="passage file, or - for standard input")
     rank.add_argument("--input-format", choices=FORMATS, default="auto",
                       help="passage file format (default: by extension, else by content)")
+    rank.add_argument("--max-passage-chars", type=_positive_int, default=MAX_PASSAGE_CHARS, metavar="N",
+                       help="refuse a passage longer than N characters (default: {:,}); split long "
+                            "documents into passages".format(MAX_PASSAGE_CHARS))
     _add_common(rank, ("passage", "sentence", "span"), "sentence")
     rank.add_argument("--model", "-m", metavar="PATH", default=None,
                       help="model folder (AGRaME, Stanford ColBERT or Hugging Face) or a shipped name ("
@@ -143,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     index.add_argument("--passages", "-p", required=True, metavar="FILE", help="passage file, or - for stdin")
     index.add_argument("--index", "-i", required=True, metavar="DIR", help="index folder to create (or extend with --add)")
     index.add_argument("--input-format", choices=FORMATS, default="auto", help="passage file format")
+    index.add_argument("--max-passage-chars", type=_positive_int, default=MAX_PASSAGE_CHARS, metavar="N",
+                       help="refuse a passage longer than N characters (default: {:,}); split long "
+                            "documents into passages".format(MAX_PASSAGE_CHARS))
     index.add_argument("--model", "-m", metavar="PATH", default=None,
                        help="model folder or a shipped name (" + _model_names() + "); " + _DEFAULT_MODEL
                        + " (with --add: the index's own)")
@@ -295,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--id", dest="passage_id", default=None,
                          help="passage to explain (default: the passage that ranks first)")
     explain.add_argument("--input-format", choices=FORMATS, default="auto", help="passage file format")
+    explain.add_argument("--max-passage-chars", type=_positive_int, default=MAX_PASSAGE_CHARS, metavar="N",
+                       help="refuse a passage longer than N characters (default: {:,}); split long "
+                            "documents into passages".format(MAX_PASSAGE_CHARS))
     explain.add_argument("--alpha", type=_finite_float, default=None, help="α of the combined sentence score")
     explain.add_argument("--html", metavar="OUT", default=None, help="also write a self-contained HTML page")
     explain.add_argument("--format", "-f", choices=("text", "json"), default="text",
@@ -316,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     cite.add_argument("--passages", "-p", required=True, metavar="FILE",
                       help="the passages the answer was generated from (same formats as rank)")
     cite.add_argument("--input-format", choices=FORMATS, default="auto", help="passage file format")
+    cite.add_argument("--max-passage-chars", type=_positive_int, default=MAX_PASSAGE_CHARS, metavar="N",
+                       help="refuse a passage longer than N characters (default: {:,}); split long "
+                            "documents into passages".format(MAX_PASSAGE_CHARS))
     cite.add_argument("--margin", type=_finite_float, default=None,
                       help="cite a proposition only when its top passage beats the next by this much "
                            "(mean similarity per token; default: always cite)")
@@ -372,7 +384,7 @@ def _print_results(results, query: str, fmt: str, out=None) -> None:
 def _cmd_rank(args) -> int:
     if not args.query.strip():
         raise UsageError("--query is empty")
-    passages = read_passages(args.passages, args.input_format)
+    passages = read_passages(args.passages, args.input_format, args.max_passage_chars)
     if args.granularity == "span" and not any(p.spans for p in passages):
         raise UsageError(f"{args.passages}: --granularity span needs a JSONL 'spans' field on at least one passage")
     from agrame.ranker import Ranker
@@ -440,7 +452,7 @@ def _cmd_index(args) -> int:
         from agrame.index import distributed
 
         ray_session = distributed.check_ray()  # says how to install Ray (exit 2) before the passages are read
-    passages = read_passages(args.passages, args.input_format)
+    passages = read_passages(args.passages, args.input_format, args.max_passage_chars)
     from agrame.encoder import load_encoder
     from agrame.index import build_index
 
@@ -655,7 +667,7 @@ def _cmd_explain(args) -> int:
             passage_id = hits[0].passage_id
         explanation = index.explain(args.query, passage_id, alpha=args.alpha)
     else:
-        passages = read_passages(args.passages, args.input_format)
+        passages = read_passages(args.passages, args.input_format, args.max_passage_chars)
         from agrame.ranker import Ranker
 
         ranker = Ranker(args.model, alpha=args.alpha)
@@ -694,7 +706,7 @@ def _cmd_cite(args) -> int:
     answer = read_text(args.answer)
     if not answer.strip():
         raise UsageError(f"{'<stdin>' if args.answer == '-' else args.answer}: the answer is empty")
-    passages = read_passages(args.passages, args.input_format)
+    passages = read_passages(args.passages, args.input_format, args.max_passage_chars)
     from propcite.citer import Citer
 
     citer = Citer(args.model, mode=args.mode, margin=args.margin, max_citations=args.max_citations,

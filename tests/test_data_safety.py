@@ -263,7 +263,8 @@ def test_every_flip_inside_a_stored_value_is_refused_naming_the_file(tmp_path, b
 
 def test_digest_follows_every_commit_and_an_older_index_gains_one(built, tiny_encoder):
     index = Index(built, model=tiny_encoder)
-    index.upsert([Passage("p1", "Kelp forests grow fast.", metadata={"source": "kelp", "tags": ["a", 2, True], "w": 2.5}),
+    index.upsert([Passage("p1", "Kelp forests grow fast.",
+                          metadata={"source": "kelp", "tags": ["a", 2, True], "w": 2.5}),
                   Passage("z", "Seagrass stores carbon.", metadata={"tags": []})])
     index.delete(["p2"], compact_threshold=None)
     index.delete_where({"source": "news"}, compact_threshold=None)
@@ -305,3 +306,122 @@ def test_sqlite_structure_damage_is_refused(built, tiny_encoder):
     meta.write_bytes(bytes(data))
     with pytest.raises(IndexFolderError, match="meta.sqlite"):
         Index(built, model=tiny_encoder)
+
+
+# -- 4. bounds on every input ------------------------------------------------------------------------
+
+def _wide_and_deep_filters():
+    deep = {"a": 1}
+    for _ in range(5000):
+        deep = {"$not": deep}
+    return {"or-992": {"$or": [{"f": i} for i in range(992)]},
+            "and-1000": {"$and": [{"f": {"$ne": i}} for i in range(1000)]},
+            "25x10000-in": {f"k{j}": {"$in": list(range(10_000))} for j in range(25)},
+            "deep-5000": deep}
+
+
+def test_wide_and_deep_filters_are_refused_before_sql(built, tiny_encoder, capsys):
+    from agrame.index.metadata import FilterError, MAX_FILTER_TERMS, compile_filter
+
+    index = Index(built, model=tiny_encoder)
+    for name, spec in _wide_and_deep_filters().items():
+        text = json.dumps(spec) if name != "deep-5000" else '{"$not": ' * 5000 + '{"a": 1}' + "}" * 5000
+        with pytest.raises(FilterError):
+            compile_filter(text)
+        with pytest.raises(FilterError):
+            index.search("coral", "passage", filter=spec if name != "deep-5000" else text)
+        for argv in (["search", "-i", str(built), "--filter", text, "coral"],
+                     ["delete", "-i", str(built), "--filter", text]):
+            code = main(argv)
+            err = capsys.readouterr().err
+            assert code == 2 and "Traceback" not in err and "filter" in err, (name, err[:300])
+    assert read_manifest(built)["generation"] == 1
+    # the largest filter within the bounds runs
+    ok = {"$or": [{"n": i} for i in range(MAX_FILTER_TERMS - 1)]}
+    assert len(index.search("coral", "passage", filter=ok, top_k=10)) == 6
+
+
+def test_deeply_nested_json_in_every_reader_is_a_clear_error(tmp_path, built, capsys):
+    deep = "[" * 5000 + "]" * 5000
+    passages = tmp_path / "deep.jsonl"
+    passages.write_text(json.dumps({"id": "a", "text": "x"}) + "\n" + '{"id": "b", "text": "y", "metadata": ' + deep + "}\n")
+    queries = tmp_path / "deep-queries.jsonl"
+    queries.write_text('{"id": "q", "text": "coral", "x": ' + deep + "}\n")
+    for argv, where in ((["rank", "-q", "coral", "-p", str(passages)], f"{passages}:2"),
+                        (["index", "-p", str(passages), "-i", str(tmp_path / "ix2")], f"{passages}:2"),
+                        (["search", "-i", str(built), "--queries", str(queries)], f"{queries}:1")):
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert code == 2 and where in err and "nested more than" in err and "Traceback" not in err, err
+
+
+def test_a_passage_longer_than_the_bound_is_refused_naming_it(tmp_path, capsys):
+    from agrame.io import MAX_PASSAGE_CHARS
+
+    big = tmp_path / "big.jsonl"
+    big.write_text(json.dumps({"id": "a", "text": "reef " * 10}) + "\n"
+                   + json.dumps({"id": "b", "text": "x" * (MAX_PASSAGE_CHARS + 1)}) + "\n")
+    code = main(["index", "-p", str(big), "-i", str(tmp_path / "ix")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{big}:2: field 'text': {MAX_PASSAGE_CHARS + 1:,} characters" in err
+    assert "--max-passage-chars" in err and not (tmp_path / "ix").exists()
+    code = main(["rank", "-q", "reef", "-p", str(big), "--max-passage-chars", "20"])
+    assert code == 2 and f"{big}:1: field 'text': 50 characters, at most 20 " in capsys.readouterr().err
+
+
+@pytest.fixture
+def client(built, tiny_model_dir, tiny_encoder):
+    from fastapi.testclient import TestClient
+
+    from agrame_app.serve import Limits, create_app
+
+    app = create_app(built, model=str(tiny_model_dir), limits=Limits(max_passages=3, max_passage_chars=1000))
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def test_http_filters_depths_and_bodies_get_4xx_in_the_error_shape(client):
+    for name, spec in _wide_and_deep_filters().items():
+        if name == "deep-5000":
+            body = ('{"query": "coral", "filter": ' + '{"$not": ' * 5000 + '{"a": 1}' + "}" * 5000 + "}").encode()
+        else:
+            body = json.dumps({"query": "coral", "filter": spec}).encode()
+        r = client.post("/search", content=body, headers={"content-type": "application/json"})
+        assert 400 <= r.status_code < 500 and set(r.json()) == {"error"}, (name, r.status_code, r.text[:200])
+    r = client.post("/search", content=b'{"query": "\xff coral"}', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json() == {"error": "body: not valid UTF-8 (at byte 11)"}
+    r = client.post("/rank", content=b"[" * 100 + b"]" * 100, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "nested more than 64 deep" in r.json()["error"]
+
+
+def test_http_bodies_are_bounded_before_they_are_parsed(client):
+    from agrame_app.serve import Limits
+
+    limit = Limits(max_passages=3, max_passage_chars=1000).body_limit("POST", "/search")
+    # declared too large: refused before a byte is read
+    r = client.post("/search", content=b"x" * (limit + 1), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "at most" in r.json()["error"] and set(r.json()) == {"error"}
+
+    def chunks():  # streamed without a length: refused once the limit is passed
+        for _ in range(limit // 4096 + 2):
+            yield b" " * 4096
+
+    r = client.post("/search", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "body over" in r.json()["error"]
+    rank_limit = Limits(max_passages=3, max_passage_chars=1000).body_limit("POST", "/rank")
+    assert rank_limit == 6 * (3 * 1000 + 1000) + (64 << 10)
+    ok = client.post("/search", json={"query": "coral", "top_k": 2})
+    assert ok.status_code == 200 and len(ok.json()["results"]) == 2
+
+
+def test_heavy_searches_share_the_gate_and_light_ones_pass(built, tiny_model_dir):
+    from fastapi.testclient import TestClient
+
+    from agrame_app.serve import Limits, create_app
+
+    app = create_app(built, model=str(tiny_model_dir), limits=Limits(max_heavy=0))
+    client = TestClient(app)
+    assert client.post("/search", json={"query": "coral"}).status_code == 200  # light: budget only
+    heavy = {"query": "coral", "ncandidates": 8192, "nprobe": 1024, "top_k": 100, "explain": True,
+             "granularity": "passage"}
+    r = client.post("/search", json=heavy)
+    assert r.status_code == 503 and r.headers["Retry-After"] == "1" and "busy" in r.json()["error"]

@@ -31,6 +31,7 @@ import numpy as np
 from ..corpus import Passage
 from .codec import ResidualCodec
 from .format import IndexFolderError, model_block
+from .lock import build_lock
 from .base import BaseIndex
 from .sharded import (SearchResults, ShardedWrites, ShardUnavailableError, commit_new, merge_hits, route, shard_of,
                       write_sharded)
@@ -241,48 +242,60 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
         raise IndexFolderError("no passages to index")
     if path.exists() and any(path.iterdir()) and not overwrite and not resume:
         raise IndexFolderError(f"{path} already exists (use --overwrite to replace it)")
-    num_shards = shards or 1
-    actors, gpus, cpus = default_workers(ray, workers, resource_wait)  # before anything is written: a busy cluster is refused
-    encoder = _encoder(model)
-    model_info = model_block(encoder)
-    work = WorkFolder(path)
-    fingerprint = _fingerprint(passages, num_shards, block_passages, nbits, model_info, store_offsets)
-    if resume:
-        plan, codec = work.resume(fingerprint)
-        codec_info = plan["codec_info"]
-        say(f"resuming: {len(work.done())} of {plan['num_blocks']} blocks already encoded")
-    else:
-        if codec is None:
-            codec, _, codec_info = train_codec(encoder, passages, nbits, batch_size=batch_size, seed=seed,
-                                               progress=progress)
+    # The build lock, from before anything is encoded until the commit: a second build of the same path
+    # is refused at once instead of both encoding and one replacing the other.
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # (the build lock lives there)
+    except OSError as exc:
+        raise IndexFolderError(f"cannot write index {path}: {exc.strerror}") from None
+    lock = build_lock(path, lock_timeout)
+    lock.acquire()
+    try:
+        num_shards = shards or 1
+        # before anything is written: a busy cluster is refused
+        actors, gpus, cpus = default_workers(ray, workers, resource_wait)
+        encoder = _encoder(model)
+        model_info = model_block(encoder)
+        work = WorkFolder(path)
+        fingerprint = _fingerprint(passages, num_shards, block_passages, nbits, model_info, store_offsets)
+        if resume:
+            plan, codec = work.resume(fingerprint)
+            codec_info = plan["codec_info"]
+            say(f"resuming: {len(work.done())} of {plan['num_blocks']} blocks already encoded")
         else:
-            codec_info = {"num_centroids": codec.num_centroids, "given": True}
-    parts = route(passages, num_shards)
-    blocks = [(s, b, part[lo:lo + block_passages]) for s, part in enumerate(parts)
-              for b, lo in enumerate(range(0, len(part), block_passages))]
-    if not resume:
-        work.start({"fingerprint": fingerprint, "num_blocks": len(blocks)}, codec, codec_info)
-    done = work.done()
-    todo = [(s, b, part) for s, b, part in blocks if _key(s, b) not in done]
-    actors = min(actors, max(1, len(todo)))
-    stats = {"blocks": len(blocks), "encoded_blocks": len(todo), "resumed_blocks": len(blocks) - len(todo),
-             "workers": actors, "gpus_per_worker": gpus, "cpus_per_worker": cpus}
-    if todo:
-        _encode_on_ray(ray, model, codec, todo, work, actors=actors, gpus=gpus, cpus=cpus, batch_size=batch_size,
-                       store_offsets=store_offsets, progress=progress, crash_once=crash_once, on_block=on_block)
+            if codec is None:
+                codec, _, codec_info = train_codec(encoder, passages, nbits, batch_size=batch_size, seed=seed,
+                                                   progress=progress)
+            else:
+                codec_info = {"num_centroids": codec.num_centroids, "given": True}
+        parts = route(passages, num_shards)
+        blocks = [(s, b, part[lo:lo + block_passages]) for s, part in enumerate(parts)
+                  for b, lo in enumerate(range(0, len(part), block_passages))]
+        if not resume:
+            work.start({"fingerprint": fingerprint, "num_blocks": len(blocks)}, codec, codec_info)
+        done = work.done()
+        todo = [(s, b, part) for s, b, part in blocks if _key(s, b) not in done]
+        actors = min(actors, max(1, len(todo)))
+        stats = {"blocks": len(blocks), "encoded_blocks": len(todo), "resumed_blocks": len(blocks) - len(todo),
+                 "workers": actors, "gpus_per_worker": gpus, "cpus_per_worker": cpus}
+        if todo:
+            _encode_on_ray(ray, model, codec, todo, work, actors=actors, gpus=gpus, cpus=cpus, batch_size=batch_size,
+                           store_offsets=store_offsets, progress=progress, crash_once=crash_once, on_block=on_block)
 
-    def blocks_of(shard: int, part):
-        return (work.load(_key(shard, b)) for b in range((len(part) + block_passages - 1) // block_passages))
+        def blocks_of(shard: int, part):
+            return (work.load(_key(shard, b)) for b in range((len(part) + block_passages - 1) // block_passages))
 
-    if shards:
-        write = lambda tmp: write_sharded(tmp, model_info, codec, codec_info, parts, blocks_of,  # noqa: E731
-                                          store_offsets=store_offsets)
-    else:
-        write = lambda tmp: write_blocks(tmp, model_info, codec, codec_info, passages, blocks_of(0, passages),  # noqa: E731
-                                         store_offsets=store_offsets)
-    commit_new(path, overwrite, write, lock_timeout)
-    work.remove()
-    build_with_ray.last_stats = stats
+        if shards:
+            write = lambda tmp: write_sharded(tmp, model_info, codec, codec_info, parts, blocks_of,  # noqa: E731
+                                              store_offsets=store_offsets)
+        else:
+            write = lambda tmp: write_blocks(  # noqa: E731
+                tmp, model_info, codec, codec_info, passages, blocks_of(0, passages), store_offsets=store_offsets)
+        commit_new(path, overwrite, write, lock_timeout, held=True)
+        work.remove()
+        build_with_ray.last_stats = stats
+    finally:
+        lock.release()
     return path
 
 

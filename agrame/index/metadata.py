@@ -45,8 +45,11 @@ DIGEST_FIELD = "metadata_digest"
 #: file only with ``verify=True`` (reading and hashing runs at ~0.5 M rows a second here).
 META_VERIFY_ROWS = 500_000
 _MASK = (1 << 64) - 1
-#: Largest ``$in``/``$nin`` list and deepest nesting a filter may have (a bound on the SQL it becomes).
+#: Bounds on a filter, checked before any SQL is built (SQLite refuses an expression deeper than 1,000
+#: and more than 32,766 bound values): ``$in``/``$nin`` values in the whole filter, conditions and
+#: ``$and``/``$or``/``$not`` nodes in it, and nesting depth.
 MAX_FILTER_VALUES = 10_000
+MAX_FILTER_TERMS = 256
 MAX_FILTER_DEPTH = 32
 COMPARISONS = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
 OPERATORS = ("$eq", "$ne", "$in", "$nin", "$exists", *COMPARISONS)
@@ -146,8 +149,27 @@ def _stored(kind: str, value: Any) -> Any:
     return float(value) if kind == "n" else int(value) if kind == "b" else value
 
 
-def _parse(node: Any, where: str, depth: int):
+class _Budget:
+    """What a filter has used of its bounds so far (terms and ``$in`` values)."""
+
+    def __init__(self):
+        self.terms = self.values = 0
+
+    def term(self, where: str) -> None:
+        self.terms += 1
+        if self.terms > MAX_FILTER_TERMS:
+            raise FilterError(f"{where}: more than {MAX_FILTER_TERMS} conditions and $and/$or/$not terms in one "
+                              "filter (for many values of one field use $in)")
+
+    def add_values(self, n: int, where: str) -> None:
+        self.values += n
+        if self.values > MAX_FILTER_VALUES:
+            raise FilterError(f"{where}: more than {MAX_FILTER_VALUES} $in/$nin values in one filter")
+
+
+def _parse(node: Any, where: str, depth: int, budget: Optional[_Budget] = None):
     """A filter → a small tree: ("and", [..]) / ("or", [..]) / ("not", x) / ("field", key, op, arg)."""
+    budget = budget or _Budget()
     if depth > MAX_FILTER_DEPTH:
         raise FilterError(f"{where}: nested more than {MAX_FILTER_DEPTH} deep")
     if not isinstance(node, Mapping):
@@ -160,9 +182,14 @@ def _parse(node: Any, where: str, depth: int):
         if key in ("$and", "$or"):
             if not isinstance(value, list) or not value:
                 raise FilterError(f"{where}.{key}: expected a non-empty list of filters")
-            parts.append((key[1:], [_parse(v, f"{where}.{key}[{i}]", depth + 1) for i, v in enumerate(value)]))
+            budget.term(f"{where}.{key}")
+            if len(value) > MAX_FILTER_TERMS:
+                raise FilterError(f"{where}.{key}: {len(value)} terms, at most {MAX_FILTER_TERMS} (for many values "
+                                  "of one field use $in)")
+            parts.append((key[1:], [_parse(v, f"{where}.{key}[{i}]", depth + 1, budget) for i, v in enumerate(value)]))
         elif key == "$not":
-            parts.append(("not", _parse(value, f"{where}.$not", depth + 1)))
+            budget.term(f"{where}.$not")
+            parts.append(("not", _parse(value, f"{where}.$not", depth + 1, budget)))
         elif key.startswith("$"):
             raise FilterError(f"{where}: unknown operator {key!r} (at this level: $and, $or, $not, or a field name)")
         elif not key:
@@ -171,15 +198,17 @@ def _parse(node: Any, where: str, depth: int):
             if not value:
                 raise FilterError(f"{where}.{key}: an empty condition")
             for op, arg in value.items():
-                parts.append(_condition(key, op, arg, f"{where}.{key}"))
+                budget.term(f"{where}.{key}")
+                parts.append(_condition(key, op, arg, f"{where}.{key}", budget))
         elif isinstance(value, list):
             raise FilterError(f"{where}.{key}: a list is not a value to compare with (use {{\"$in\": [...]}})")
         else:
+            budget.term(f"{where}.{key}")
             parts.append(("field", key, "$eq", _operand(value, f"{where}.{key}")))
     return ("and", parts)
 
 
-def _condition(key: str, op: Any, arg: Any, where: str):
+def _condition(key: str, op: Any, arg: Any, where: str, budget: _Budget):
     if op not in OPERATORS:
         raise FilterError(f"{where}: unknown operator {op!r}; use one of {', '.join(OPERATORS)}")
     if op == "$exists":
@@ -191,6 +220,7 @@ def _condition(key: str, op: Any, arg: Any, where: str):
             raise FilterError(f"{where}.{op}: expected a list of values")
         if len(arg) > MAX_FILTER_VALUES:
             raise FilterError(f"{where}.{op}: {len(arg)} values, at most {MAX_FILTER_VALUES}")
+        budget.add_values(len(arg), f"{where}.{op}")
         return ("field", key, op, [_operand(v, f"{where}.{op}[{i}]") for i, v in enumerate(arg)])
     kind, value = _operand(arg, f"{where}.{op}")
     if op in COMPARISONS and kind == "b":
@@ -201,8 +231,10 @@ def _condition(key: str, op: Any, arg: Any, where: str):
 def parse_filter(spec: Any) -> tuple:
     """Check a filter (a dict, or its JSON text); the parsed tree, or FilterError naming the place."""
     if isinstance(spec, (str, bytes)):
+        from ..io import loads_json
+
         try:
-            spec = json.loads(spec)
+            spec = loads_json(spec, MAX_FILTER_DEPTH * 2 + 2)  # (a level of the filter is an object and a list)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise FilterError(f"filter: not valid JSON: {exc}") from None
     return _parse(spec, "filter", 0)
@@ -460,5 +492,6 @@ class MetadataDB:
         return [found[p] for p in positions]
 
 
-__all__ = ["DIGEST_FIELD", "FilterError", "MetadataDB", "add_digests", "MetadataError", "compile_filter", "is_empty", "matches", "parse_filter",
+__all__ = ["DIGEST_FIELD", "FilterError", "MetadataDB", "add_digests", "MetadataError", "compile_filter", "is_empty",
+           "matches", "parse_filter",
            "validate_metadata", "METADATA_FILE"]

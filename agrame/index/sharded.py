@@ -152,7 +152,8 @@ def write_sharded(folder: Path, model: dict, codec: ResidualCodec, codec_info: d
         "model": model, "num_passages": sum(len(p) for p in parts)})
 
 
-def commit_new(path: Path, overwrite: bool, write: Callable[[Path], None], lock_timeout: float = 0.0) -> Path:
+def commit_new(path: Path, overwrite: bool, write: Callable[[Path], None], lock_timeout: float = 0.0,
+               held: bool = False) -> Path:
     """Write a new sharded index beside ``path`` and put it in place with one rename (with ``overwrite``,
     an atomic exchange with the index there, whose writer lock is held meanwhile)."""
     lock = None
@@ -160,7 +161,7 @@ def commit_new(path: Path, overwrite: bool, write: Callable[[Path], None], lock_
         lock = WriterLock(path, lock_timeout)
         lock.acquire()
     try:
-        build_new_folder(path, overwrite, lambda tmp: write(tmp), exchange=True)
+        build_new_folder(path, overwrite, lambda tmp: write(tmp), exchange=True, lock_timeout=lock_timeout, held=held)
     finally:
         if lock is not None:
             lock.release()

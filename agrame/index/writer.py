@@ -225,7 +225,7 @@ def foreign_entries(path: Path, kind: str) -> List[str]:
 
 def build_new_folder(path: Path, overwrite: bool, write: Callable[[Path], Optional[dict]], *,
                      exchange: bool = False, say: Optional[Callable[[str], None]] = None,
-                     lock_timeout: float = 0.0) -> bool:
+                     lock_timeout: float = 0.0, held: bool = False) -> bool:
     """Build an index where none is: ``write(tmp)`` fills a temporary folder beside ``path`` (and
     returns the manifest to commit there, or writes one itself), then one rename puts it in place.
 
@@ -246,6 +246,8 @@ def build_new_folder(path: Path, overwrite: bool, write: Callable[[Path], Option
         path.parent.mkdir(parents=True, exist_ok=True)  # (the build lock lives there)
     except OSError as exc:
         raise _folder_error(path, exc) from None
+    if held:
+        return _build_locked(path, overwrite, write, exchange, say)
     lock = build_lock(path, lock_timeout)
     lock.acquire()
     try:
@@ -389,7 +391,7 @@ class IndexWriter:
             try:
                 if db is not None:
                     db.verify(manifest, self.path, verify="auto")
-                for stale in stale_beside(self.path):
+                for stale in stale_beside(self.path, every=True):
                     _remove(stale)
                     done.append(f"../{stale.name}/")
                 if manifest["format"] != FORMAT_V2:
@@ -573,7 +575,8 @@ class IndexWriter:
     def _new_store_folder(self, manifest: dict) -> tuple:
         match = _EPOCH.fullmatch(str(manifest.get("store", "")).rstrip("/"))
         n = int(match.group(1)) + 1 if match else 1
-        while (self.path / f"s{n}").exists() and not ((self.path / f"s{n}").is_dir() and _ours_folder(self.path / f"s{n}")):
+        while (self.path / f"s{n}").exists() and not (
+                (self.path / f"s{n}").is_dir() and _ours_folder(self.path / f"s{n}")):
             n += 1  # a user's folder of that name (or a file) is passed over, never emptied
         name = f"s{n}"
         folder = self.path / name

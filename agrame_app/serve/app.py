@@ -52,6 +52,29 @@ class Limits:
     max_delete_ids: int = 100_000
     #: Seconds a write waits for the index's writer lock (another writer at work) before a 503.
     write_lock_timeout: float = 30.0
+    #: /search goes through the same gate, its cost in characters-to-encode equivalents: the query, each
+    #: candidate scored in the compressed stage (~250: decompressing and scoring a ~1,000-character
+    #: passage is about a quarter of encoding it), each inverted list probed (~100) and each hit explained
+    #: (~2,000). A search costing at least ``heavy_search_cost`` also counts against ``max_heavy``.
+    heavy_search_cost: int = 500_000
+    #: Request bodies are read (streamed) only up to a limit per endpoint, before any parsing (413 beyond):
+    #: /rank and /cite from their passage limits (6 bytes a character: JSON's \uXXXX escapes), writes
+    #: ``max_write_bytes``, /search ``max_search_bytes``, anything else ``max_other_bytes``.
+    max_search_bytes: int = 1 << 20
+    max_write_bytes: int = 16 << 20
+    max_other_bytes: int = 64 << 10
+
+    def body_limit(self, method: str, path: str) -> int:
+        """Largest request body (bytes) read for an endpoint."""
+        slack = 64 << 10
+        if path in ("/rank", "/cite"):
+            extra = self.max_query_chars if path == "/rank" else self.max_answer_chars
+            return 6 * (self.max_passages * self.max_passage_chars + extra) + slack
+        if path == "/passages" and method in ("POST", "DELETE"):
+            return self.max_write_bytes
+        if path == "/search":
+            return self.max_search_bytes
+        return self.max_other_bytes
 
 
 class PassageIn(BaseModel):
@@ -203,18 +226,85 @@ class _Gate:
         self.requests, self.chars = 0, 0
         self._lock = threading.Lock()
 
-    def enter(self, cost: int) -> None:
+    def enter(self, cost: int, counted: bool = True) -> None:
+        """Admit a request of ``cost`` or raise :class:`_RetryLater`; ``counted``: it also takes one of
+        ``max_requests`` (a light search only spends budget)."""
         with self._lock:
-            if self.requests >= self.max_requests or (self.requests and self.chars + cost > self.max_chars):
+            if (counted and self.requests >= self.max_requests) or (self.chars and self.chars + cost > self.max_chars):
                 raise _RetryLater(f"the server is busy with {self.requests} heavy request(s) "
                                   f"({self.chars:,} characters being encoded); retry shortly")
-            self.requests += 1
+            self.requests += int(counted)
             self.chars += cost
 
-    def leave(self, cost: int) -> None:
+    def leave(self, cost: int, counted: bool = True) -> None:
         with self._lock:
-            self.requests -= 1
+            self.requests -= int(counted)
             self.chars -= cost
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """ASGI middleware: a request body is read, as it streams in, only up to its endpoint's limit
+    (:meth:`Limits.body_limit`; a ``Content-Length`` over it is refused before a byte is read), and
+    must be UTF-8 JSON nested at most :data:`agrame.io.MAX_JSON_DEPTH` deep — all checked before
+    anything parses it. Refusals are ``{"error"}`` with 413 or 400."""
+
+    def __init__(self, app, limits: Limits):
+        self.app, self.limits = app, limits
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        limit = self.limits.body_limit(scope["method"], scope["path"])
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return await self._refuse(scope, receive, send, 413, f"body of {int(declared):,} bytes: at most "
+                                      f"{limit:,} for {scope['method']} {scope['path']}")
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return await self._refuse(scope, receive, send, 413, f"body over {limit:,} bytes: at most {limit:,} "
+                                          f"for {scope['method']} {scope['path']}")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        del chunks
+        if body:
+            from agrame.io import MAX_JSON_DEPTH, json_depth
+
+            try:
+                body.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return await self._refuse(scope, receive, send, 400, f"body: not valid UTF-8 (at byte {exc.start})")
+            if json_depth(body) > MAX_JSON_DEPTH:
+                return await self._refuse(scope, receive, send, 400, f"body: JSON nested more than {MAX_JSON_DEPTH} "
+                                                                     "deep")
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _refuse(scope, receive, send, status: int, message: str):
+        from fastapi.responses import JSONResponse
+
+        await JSONResponse({"error": message}, status_code=status)(scope, receive, send)
 
 
 def _check_text(value, where: str = "body") -> None:
@@ -302,22 +392,32 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
     ranker = Ranker(encoder)
     gate = _Gate(limits.max_heavy, limits.max_chars_in_flight)
 
-    def heavy(cost: int):
+    def heavy(cost: int, counted: bool = True):
         from contextlib import contextmanager
 
         @contextmanager
         def admitted():
-            gate.enter(cost)
+            gate.enter(cost, counted)
             try:
                 yield
             finally:
-                gate.leave(cost)
+                gate.leave(cost, counted)
         return admitted()
+
+    def search_cost(idx, req) -> int:
+        """A search's cost for the gate (:class:`Limits`), from what it asks for."""
+        defaults = getattr(idx, "defaults", None)
+        nprobe = req.nprobe or getattr(defaults, "nprobe", 8)
+        candidates = req.ncandidates or getattr(defaults, "ncandidates", 128)
+        if req.granularity == "passage":
+            candidates = max(candidates, getattr(defaults, "per_hit", 10) * req.top_k)
+        return len(req.query) + 250 * candidates + 100 * nprobe + (2_000 * req.top_k if req.explain else 0)
 
     if (allow_writes or protect_reads) and not api_key:
         raise ValueError("allow_writes and protect_reads need an API key")
     app = FastAPI(title="AGRaME", version=__version__,
                   description="Any-granularity ranking: search an index, rank given passages, cite an answer.")
+    app.add_middleware(BodyLimit, limits=limits)
     write_lock = threading.Lock()  # one write at a time in this process (the folder lock serialises the rest)
 
     def _key_of(request: Request) -> Optional[str]:
@@ -369,6 +469,13 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
     @app.exception_handler(405)
     async def _method(_: Request, exc):
         return JSONResponse({"error": "method not allowed on this endpoint"}, status_code=405)
+
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException):
+        # every refusal in the documented shape (FastAPI's own say {"detail": …})
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _last_resort(request: Request, exc: Exception):
@@ -427,9 +534,11 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
         idx = holder.current()  # one generation for the whole request
         started = time.perf_counter()
         partial = {"allow_partial": True} if req.allow_partial and hasattr(idx, "num_shards") else {}
-        hits = idx.search(req.query, req.granularity, top_k=req.top_k, nprobe=req.nprobe,
-                          ncandidates=req.ncandidates, filter=req.filter, **partial)
-        explained = _explained(hits, lambda ids: idx.explain_all(req.query, ids)) if req.explain else {}
+        cost = search_cost(idx, req)
+        with heavy(cost, counted=cost >= limits.heavy_search_cost):
+            hits = idx.search(req.query, req.granularity, top_k=req.top_k, nprobe=req.nprobe,
+                              ncandidates=req.ncandidates, filter=req.filter, **partial)
+            explained = _explained(hits, lambda ids: idx.explain_all(req.query, ids)) if req.explain else {}
         results = [_hit(h, explained.get(h.passage_id)) for h in hits]
         out = {"query": req.query, "granularity": req.granularity, "generation": idx.manifest.get("generation", 1),
                "passages": len(idx), "ms": round(1000 * (time.perf_counter() - started), 1), "results": results}
