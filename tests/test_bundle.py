@@ -1,0 +1,200 @@
+"""training.bundle: pack here → run on "the device" (the CPU here, --device cpu) → unpack here, with a tiny
+base model and records; the size limit; the base-fingerprint check; the recipe agreeing with scale.sh."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from training import bundle
+from training.bundle import BundleError
+
+from test_training import TEXTS, record
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_ARGS = ["--layers", "1", "--batch-size", "2", "--doc-maxlen", "128"]
+
+
+def _base_folder(path: Path, make_tiny_encoder, seed: int = 0) -> Path:
+    """A MiniLM-like folder (config, weights, tokenizer) of the tiny test BERT: what AGRAME_MINILM names."""
+    encoder = make_tiny_encoder(dim=None, seed=seed)
+    encoder.backbone.save_pretrained(path)
+    encoder.tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def tiny_base(tmp_path, make_tiny_encoder, monkeypatch):
+    base = _base_folder(tmp_path / "base", make_tiny_encoder)
+    monkeypatch.setenv("AGRAME_MINILM", str(base))
+    return base
+
+
+def _records(tmp_path: Path):
+    train = tmp_path / "train.jsonl"
+    questions = ["why do reefs bleach", "who built the tower in 1889", "what do corals eat", "where is paris"]
+    train.write_text("".join(json.dumps(record(q, order)) + "\n"
+                             for q in questions for order in ([0, 1, 2], [2, 3, 0])))
+    distill = tmp_path / "distill.jsonl"
+    rows = []
+    for q in ("reef colours", "a tall iron tower"):
+        r = record(q, [1, 2, 3])
+        for p in r["passages"]:  # unscored: the teacher scores them there
+            p.pop("teacher"), p.pop("teacher_sentences")
+        rows.append(json.dumps(r) + "\n")
+    distill.write_text("".join(rows))
+    return train, distill
+
+
+def _scores(encoder, texts, query="why do corals bleach"):
+    from agrame.ranker import Ranker
+
+    ranker = Ranker(encoder)
+    return torch.tensor([h.score for h in ranker.rank(query, ranker.encode(texts), "sentence", top_k=None)])
+
+
+def test_pack_run_unpack_equals_a_model_trained_here(tmp_path, tiny_base):
+    train, distill = _records(tmp_path)
+    packed = tmp_path / "bundle"
+    manifest = bundle.pack(packed, train=[f"{train}@2"], distill=[str(distill)], models=["agrame", "colbert"],
+                           precision="float32", wheels="none", extra_args=TINY_ARGS, say=lambda *_: None)
+    assert (packed / "run.sh").is_file() and (packed / "code" / "training" / "bundle.py").is_file()
+    assert not (packed / "code" / "agrame" / "models").exists() and manifest["sizes"]["wheels"] == 0
+    # the device machine: a bare folder, the bundle's own code, the CPU as the device
+    out, work = tmp_path / "OUT", tmp_path / "work"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "AGRAME_MINILM")}
+    done = subprocess.run(["bash", str(packed / "run.sh"), "--out", str(out), "--work", str(work), "--device", "cpu",
+                           "--steps", "3", "--threads", "1"], cwd=tmp_path, env={**env, "PYTHON": sys.executable},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    report = json.loads((out / "run.json").read_text())
+    assert set(report["students"]) == {"agrame", "colbert"} and report["steps"] == 3
+    assert all(Path(out / f).stat().st_size <= bundle.FILE_LIMIT for s in report["students"].values()
+               for f in s["files"])
+    unpacked = bundle.unpack(out, tmp_path / "models", say=lambda *_: None)
+    assert set(unpacked) == {"agrame", "colbert"}
+    # here, with the same seed, data (the teacher's scores made here too) and recipe
+    scored = tmp_path / "distill-scored.jsonl"
+    local_env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "training.teachers", "multivector", "--model", "zero-shot", "--data",
+                    str(distill), "--out", str(scored)], check=True, cwd=ROOT, env=local_env, capture_output=True)
+    assert scored.read_text() == (work / "data" / "distill-scored.jsonl").read_text()
+    from agrame.encoder import load_encoder
+
+    texts = list(TEXTS)
+    for name in ("agrame", "colbert"):
+        start, args = bundle.MODELS[name]
+        subprocess.run([sys.executable, "-m", "training.student", "--init-model", start, *args, *bundle.RECIPE,
+                        *TINY_ARGS, "--device", "cpu", "--data", f"{train}@2", f"{scored}@1", "--steps", "3",
+                        "--out", str(tmp_path / "local" / name)], check=True, cwd=ROOT, env=local_env,
+                       capture_output=True)
+        here = load_encoder(str(tmp_path / "local" / name / "final"))
+        there = load_encoder(str(tmp_path / "models" / name))
+        assert here.fingerprint() == there.fingerprint()  # the same weights and settings, exactly
+        assert torch.equal(_scores(here, texts), _scores(there, texts))
+        assert load_encoder(str(unpacked[name])).settings == here.settings  # the exported delta loads
+        assert "done at step 3" in (tmp_path / "models" / name / "train.log").read_text()
+
+
+def test_a_float16_result_is_close_and_unpack_refuses_another_base(tmp_path, tiny_base, make_tiny_encoder,
+                                                                    monkeypatch):
+    train, _ = _records(tmp_path)
+    manifest = bundle.pack(tmp_path / "b16", train=[str(train)], distill=[], models=["agrame"], precision="float16",
+                           wheels="none", extra_args=TINY_ARGS, say=lambda *_: None)
+    work, out = tmp_path / "work", tmp_path / "OUT"
+    bundle.setup(tmp_path / "b16", work)
+    monkeypatch.setenv("AGRAME_MINILM", str(tiny_base))  # (setup pointed it at the rounded θ₀)
+    # θ₀ there is the float16 rounding of the true base
+    from agrame.encoder import _load_backbone
+
+    true_state = _load_backbone(tiny_base)[0].state_dict()
+    rounded_state = _load_backbone(work / "base")[0].state_dict()
+    w = "encoder.layer.0.attention.self.query.weight"
+    assert torch.equal(rounded_state[w], true_state[w].half().float())
+    # a student trained there (a stand-in: the true base's own weights moved a little) comes back within
+    # float16's rounding of the change, and its marker rows exactly
+    final = tmp_path / "run" / "final"
+    from training.student import student_encoder
+
+    s = student_encoder(None, False, 128, None)
+    with torch.no_grad():
+        for name, p in s.backbone.named_parameters():
+            p.copy_(rounded_state[name] + (0.01 * torch.randn_like(p) if "layer.1." in name else 0))
+        s.backbone.embeddings.word_embeddings.weight[1] += 0.5  # one marker row
+    s.save(final)
+    (tmp_path / "run" / "train.log").write_text("2026-11-26 00:00:00,000 step 10 loss 1.0 lr 1e-4\n")
+    files = bundle.pack_student(tmp_path / "run", work / "base", out, "agrame", manifest)
+    assert files == ["agrame-0.safetensors"]
+    rebuilt = bundle.unpack(out, tmp_path / "models", export=False, say=lambda *_: None)["agrame"]
+    got = _load_backbone(rebuilt)[0].state_dict()
+    moved = "encoder.layer.1.attention.self.query.weight"
+    change = s.backbone.state_dict()[moved] - rounded_state[moved]
+    assert torch.allclose(got[moved] - true_state[moved], change, atol=1e-4)
+    row = "embeddings.word_embeddings.weight"
+    assert torch.equal(got[row][1], s.backbone.state_dict()[row][1])
+    assert torch.equal(got["encoder.layer.0.output.dense.weight"], true_state["encoder.layer.0.output.dense.weight"])
+    # another MiniLM here: refused, nothing rebuilt
+    other = _base_folder(tmp_path / "other-base", make_tiny_encoder, seed=1)
+    monkeypatch.setenv("AGRAME_MINILM", str(other))
+    with pytest.raises(BundleError, match="trained over base .* but the local zero-shot model is"):
+        bundle.unpack(out, tmp_path / "models2", say=lambda *_: None)
+    assert not (tmp_path / "models2").exists()
+
+
+def test_a_bundle_over_its_limit_is_refused_before_anything_is_written(tmp_path, tiny_base):
+    train, _ = _records(tmp_path)
+    with pytest.raises(BundleError, match=r"over its limit of 0.01 MiB \(data .* MiB, code .* MiB, base .* MiB"):
+        bundle.pack(tmp_path / "b", train=[str(train)], distill=[], models=["agrame"], wheels="none",
+                    limit_mib=0.01, say=lambda *_: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base", "distill.jsonl", "train.jsonl"]
+    with pytest.raises(BundleError, match="already exists"):
+        bundle.pack(tmp_path / "base", train=[str(train)], distill=[], wheels="none", say=lambda *_: None)
+
+
+def test_records_round_trip_with_each_text_once(tmp_path):
+    train, distill = _records(tmp_path)
+    texts, slim = bundle.pack_records({"train.jsonl": train, "distill.jsonl": distill})
+    (tmp_path / "texts.xz").write_bytes(texts)
+    for name, path in (("train.jsonl", train), ("distill.jsonl", distill)):
+        (tmp_path / f"{name}.xz").write_bytes(slim[name])
+        bundle.unpack_records(tmp_path / "texts.xz", tmp_path / f"{name}.xz", tmp_path / f"back-{name}")
+        assert [json.loads(x) for x in (tmp_path / f"back-{name}").read_text().splitlines()] == \
+               [json.loads(x) for x in path.read_text().splitlines()]
+    import lzma
+
+    assert len(lzma.decompress(texts).decode().splitlines()) == 4  # the four distinct passages
+
+
+def test_calibration_arithmetic(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("2026-11-26 04:22:04,586 step 10 loss 1.3 lr 1e-05\n"
+                   "2026-11-26 04:22:06,586 step 20 loss 1.3 lr 2e-05\n"
+                   "2026-11-26 04:22:08,586 step 30 loss 1.2 lr 3e-05\n")
+    assert bundle.seconds_per_step(log) == pytest.approx(0.2)
+    assert bundle.steps_for(400, 0.174) == 2000  # 400 / 0.174 × 0.88 = 2,022 → hundreds
+    assert bundle.steps_for(10, 0.2) == 200 and bundle.steps_for(1e6, 0.01) == 8000
+    log.write_text("2026-11-26 04:22:04,586 step 10 loss 1.3 lr 1e-05\n")
+    with pytest.raises(BundleError, match="fewer than two"):
+        bundle.seconds_per_step(log)
+
+
+def test_the_bundle_recipe_is_scale_sh_s(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("START", "DIM", "ONLY", "STEPS", "DISTILL", "M")}
+    out = subprocess.run(["bash", str(ROOT / "training" / "scale.sh")], env={**env, "RUN": "echo",
+                         "AGRAME_RUNS": str(tmp_path)}, capture_output=True, text=True, timeout=60).stdout
+    students = [line.split() for line in out.splitlines() if "training.student" in line]
+    for line in students:
+        flags = dict(zip(line, line[1:]))
+        for flag, value in zip(bundle.RECIPE, bundle.RECIPE[1:]):
+            if flag.startswith("--") and not value.startswith("--"):
+                assert flags.get(flag) == value, (flag, line)
+        assert "--in-batch" in line
+    agrame, colbert = students
+    assert "--sentence-marker" in agrame and agrame[agrame.index("--sentence-marker") + 1] == "Q'"
+    assert colbert[colbert.index("--sentence-weight") + 1] == "0"

@@ -1,0 +1,573 @@
+"""GPU-scale training as one command, from one offline folder (issue 39).
+
+    python -m training.bundle pack .bundle --runs runs/big      # here: code, θ₀, records, wheels ≤ 64 MiB
+    # on a lent GPU machine (no network; the folder travels with the work tree, `carry: [".bundle"]`):
+    bash .bundle/run.sh --out "$OUT" --budget 540              # teacher, calibration, 3 students side by side
+    python -m training.bundle unpack RESULT --out runs/gpu     # here: θ₁ = θ₀ + Δ on the true weights, exported
+
+What travels (``pack``; refused, with the sizes named, before anything is written when it exceeds
+``--limit-mib``): the ``agrame`` and ``training`` packages' code; θ₀ — MiniLM's backbone as a
+``state_dict`` in float16 (its 90 MB of float32 do not fit) and xz, with its config and tokenizer
+files; each start model (``zero-shot``, ``zero-shot-128``) as settings and projection over that
+backbone; the training records with each passage text stored once (by content hash) and xz; the
+wheels of transformers < 4.58 and its tokenizers (the machine has transformers 5, which finds no
+``[unused0]`` marker row) — and ``bundle.json``, the recipe.
+
+What runs there (``run``, behind ``run.sh``): θ₀ rebuilt in float32 (``AGRAME_MINILM`` points every
+process at it), the distill records scored by the zero-shot teacher on the device, a short
+calibration of all students side by side, the step count that fits the time budget, the students
+trained side by side (``training/scale.sh``'s recipe: the candidate, its passage-only twin, the
+128-d candidate), and each one's change over θ₀ written to ``--out`` as files of at most 15 MiB:
+float16 differences of the changed matrices (float32: the tensors whole), changed embedding rows
+exactly, the projection whole, its settings and train log in the first file's metadata.
+
+What comes back (``unpack``): each student rebuilt over the *true* weights here (the rounding of θ₀
+is far below training's change), refused when the result's base fingerprint is not the local one,
+saved as a model folder and exported as a delta (``training.export``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import lzma
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+FORMAT = "agrame-training-bundle/1"
+#: What one lent GPU call may carry in and bring back (the device tool's limits).
+LIMIT_MIB = 64
+FILE_LIMIT = 15 * 2 ** 20
+#: training/scale.sh's recipe (tests/test_bundle.py checks the two agree); each model: its start and arguments.
+RECIPE = ["--layers", "6", "--query-marker", "none", "--batch-size", "8", "--lr", "1e-4", "--warmup", "0.05",
+          "--layer-lr-decay", "0.8", "--in-batch", "--seed", "0"]
+MODELS = {"agrame": ("zero-shot", ["--dim", "0", "--sentence-marker", "Q'"]),
+          "colbert": ("zero-shot", ["--dim", "0", "--sentence-weight", "0"]),
+          "agrame128": ("zero-shot-128", ["--dim", "128", "--sentence-marker", "Q'"])}
+#: transformers < 4.58 and its tokenizers, as wheels for the machine's Python (pure Python / abi3).
+WHEELS = ["transformers==4.48.2", "tokenizers==0.21.4"]
+_LOG_LINE = re.compile(r"(\S+ \S+) step (\d+) ")
+
+
+class BundleError(ValueError):
+    """A bundle or result that cannot be made or used (the message names what and why)."""
+
+
+# -- records: each passage text once -----------------------------------------------------------
+
+def pack_records(files: Dict[str, Path]) -> Tuple[bytes, Dict[str, bytes]]:
+    """``(texts, {name: records})``, xz-compressed: each passage's text and sentences stored once
+    (keyed by a hash of their content), the records keeping only the key."""
+    table: Dict[str, str] = {}
+    slim: Dict[str, bytes] = {}
+    for name, path in files.items():
+        lines = []
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                record = json.loads(line)
+                for p in record.get("passages", []):
+                    key = json.dumps([p.pop("text"), p.pop("sentences", None)], ensure_ascii=False)
+                    h = hashlib.blake2b(key.encode(), digest_size=10).hexdigest()
+                    table.setdefault(h, key)
+                    p["h"] = h
+                lines.append(json.dumps(record, ensure_ascii=False))
+        slim[name] = lzma.compress(("\n".join(lines) + "\n").encode(), preset=6)
+    texts = "".join(json.dumps([h, key], ensure_ascii=False) + "\n" for h, key in table.items())
+    return lzma.compress(texts.encode(), preset=9), slim
+
+
+def unpack_records(texts: Path, slim: Path, out: Path) -> int:
+    """Rebuild one records file (the original's fields, each passage's text and sentences back)."""
+    table = {}
+    for line in lzma.decompress(texts.read_bytes()).decode().splitlines():
+        h, key = json.loads(line)
+        table[h] = json.loads(key)
+    n = 0
+    with open(out, "w", encoding="utf-8") as dst:
+        for line in lzma.decompress(slim.read_bytes()).decode().splitlines():
+            record = json.loads(line)
+            for i, p in enumerate(record.get("passages", [])):
+                text, sentences = table[p.pop("h")]
+                q = {"pid": p.pop("pid")} if "pid" in p else {}
+                q["text"] = text
+                if sentences is not None:
+                    q["sentences"] = sentences
+                q.update(p)
+                record["passages"][i] = q
+            dst.write(json.dumps(record, ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+# -- pack ----------------------------------------------------------------------------------------
+
+def _code_files() -> Dict[str, bytes]:
+    """The packages a student needs (``agrame`` without its shipped models, ``training``), as files."""
+    out = {}
+    for package in ("agrame", "training"):
+        for path in sorted((REPO / package).rglob("*")):
+            rel = path.relative_to(REPO)
+            shipped_models = package == "agrame" and "models" in rel.parts
+            if path.is_file() and "__pycache__" not in rel.parts and not shipped_models and "results" not in rel.parts \
+                    and path.suffix in (".py", ".typed", ".sh", ".json"):
+                out[str(rel)] = path.read_bytes()
+    return out
+
+
+def _base_parts(precision: str) -> Tuple[Dict[str, bytes], str]:
+    """θ₀ — the backbone ``load_encoder("zero-shot")`` loads — as config/tokenizer files and its
+    state_dict in ``precision`` (xz), and that model's fingerprint (what a result must match)."""
+    import safetensors.torch as st
+
+    from agrame.encoder import ZERO_SHOT, load_encoder
+
+    encoder = load_encoder(ZERO_SHOT)
+    dtype = torch.float16 if precision == "float16" else torch.float32
+    state = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous()
+             for k, v in encoder.backbone.state_dict().items()}
+    files = {"base/weights.safetensors.xz": lzma.compress(st.save(state), preset=6)}
+    with tempfile.TemporaryDirectory() as tmp:
+        encoder.backbone.config.save_pretrained(tmp)
+        encoder.tokenizer.save_pretrained(tmp)
+        for f in sorted(Path(tmp).iterdir()):
+            files[f"base/files/{f.name}"] = f.read_bytes()
+    return files, encoder.fingerprint()
+
+
+def _start_parts(starts: Sequence[str]) -> Dict[str, bytes]:
+    """Each start model as its settings and projection: it must be θ₀'s backbone itself (a start that
+    changed the backbone would need its own weights, which do not fit)."""
+    import safetensors.torch as st
+
+    from agrame.encoder import ZERO_SHOT, load_encoder
+
+    base = load_encoder(ZERO_SHOT).backbone.state_dict()
+    files = {}
+    for name in starts:
+        model = load_encoder(name)
+        own = model.backbone.state_dict()
+        if own.keys() != base.keys() or any(not torch.equal(own[k], base[k]) for k in base):
+            raise BundleError(f"start model {name!r} changes the backbone; a bundle carries only θ₀'s backbone")
+        files[f"starts/{name}/settings.json"] = json.dumps(model.settings.to_json()).encode()
+        if model.projection is not None:
+            files[f"starts/{name}/projection.safetensors"] = st.save(
+                {"weight": model.projection.weight.detach().contiguous()})
+    return files
+
+
+def _wheels(how: str) -> Dict[str, bytes]:
+    if how == "none":
+        return {}
+    if how == "download":
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                   "--python-version", "3.12", "--platform", "manylinux2014_x86_64", *WHEELS, "-d", tmp]
+            if subprocess.run(cmd, capture_output=True, text=True).returncode != 0:
+                raise BundleError(f"could not download the wheels ({' '.join(WHEELS)}): pass --wheels DIR")
+            return {f"wheels/{f.name}": f.read_bytes() for f in sorted(Path(tmp).glob("*.whl"))}
+    folder = Path(how)
+    found = sorted(folder.glob("*.whl"))
+    if not found:
+        raise BundleError(f"--wheels {folder}: no .whl files there")
+    return {f"wheels/{f.name}": f.read_bytes() for f in found}
+
+
+def parse_data(specs: Sequence[str]) -> List[Tuple[str, Path, int]]:
+    """``FILE[@N]`` → (name, path, copies)."""
+    out = []
+    for spec in specs:
+        path, _, times = spec.partition("@")
+        if not Path(path).is_file():
+            raise BundleError(f"data file {path} not found")
+        out.append((Path(path).name, Path(path), int(times) if times else 1))
+    return out
+
+
+def pack(out: Path, *, train: Sequence[str], distill: Sequence[str], models: Sequence[str] = tuple(MODELS),
+         precision: str = "float16", wheels: str = "download", limit_mib: float = LIMIT_MIB,
+         extra_args: Sequence[str] = (), say=print) -> dict:
+    """Write the bundle folder ``out`` (a new folder, renamed into place); returns its manifest."""
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        raise BundleError(f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
+    if out.exists():
+        raise BundleError(f"{out} already exists: choose another folder or remove it")
+    started = time.time()
+    train_files, distill_files = parse_data(train), parse_data(distill)
+    names = [n for n, _, _ in train_files + distill_files]
+    if len(set(names)) != len(names):
+        raise BundleError(f"two data files share a name: {names}")
+    texts, slim = pack_records({n: p for n, p, _ in train_files + distill_files})
+    parts: Dict[str, Dict[str, bytes]] = {"data": {"data/texts.jsonl.xz": texts,
+                                                   **{f"data/{n}.slim.xz": b for n, b in slim.items()}}}
+    parts["code"] = {f"code/{k}": v for k, v in _code_files().items()}
+    parts["code"]["run.sh"] = (REPO / "training" / "bundle_run.sh").read_bytes()
+    base, fingerprint = _base_parts(precision)
+    parts["base"] = base
+    parts["starts"] = _start_parts(sorted({MODELS[m][0] for m in models}))
+    parts["wheels"] = _wheels(wheels)
+    manifest = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "base_fingerprint": fingerprint, "precision": precision,
+                "train": [[n, c] for n, _, c in train_files], "distill": [[n, c] for n, _, c in distill_files],
+                "recipe": RECIPE + list(extra_args),
+                "models": {m: {"start": MODELS[m][0], "args": MODELS[m][1]} for m in models},
+                "sizes": {k: sum(len(b) for b in v.values()) for k, v in parts.items()}}
+    parts["manifest"] = {"bundle.json": json.dumps(manifest, indent=2).encode()}
+    total = sum(len(b) for v in parts.values() for b in v.values())
+    if total > limit_mib * 2 ** 20:
+        sizes = ", ".join(f"{k} {sum(len(b) for b in v.values()) / 2 ** 20:.1f} MiB" for k, v in parts.items())
+        raise BundleError(f"the bundle would be {total / 2 ** 20:.1f} MiB, over its limit of {limit_mib:g} MiB "
+                          f"({sizes}); nothing was written")
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        for files in parts.values():
+            for rel, data in files.items():
+                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / rel).write_bytes(data)
+        os.chmod(tmp / "run.sh", 0o755)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    say(f"packed {out}: {total / 2 ** 20:.1f} MiB in {time.time() - started:.0f} s "
+        + ", ".join(f"{k} {v / 2 ** 20:.1f}" for k, v in manifest["sizes"].items()))
+    return manifest
+
+
+# -- run (on the device machine) -----------------------------------------------------------------
+
+def setup(bundle: Path, work: Path) -> dict:
+    """θ₀ in float32 at ``work/base``, the start models at ``work/starts``, the records at ``work/data``."""
+    import safetensors.torch as st
+    from transformers import AutoConfig, AutoTokenizer, BertModel
+
+    manifest = json.loads((bundle / "bundle.json").read_text())
+    base = work / "base"
+    if not (base / "model.safetensors").exists():
+        state = st.load(lzma.decompress((bundle / "base" / "weights.safetensors.xz").read_bytes()))
+        state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
+        staging = work / ".base"
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(bundle / "base" / "files", staging)
+        model = BertModel(AutoConfig.from_pretrained(staging), add_pooling_layer=False)
+        model.load_state_dict(state)
+        model.save_pretrained(staging)
+        AutoTokenizer.from_pretrained(staging).save_pretrained(staging)
+        shutil.rmtree(base, ignore_errors=True)
+        staging.rename(base)
+    os.environ["AGRAME_MINILM"] = str(base)
+    from agrame.encoder import ZERO_SHOT, Encoder, EncoderSettings, load_encoder
+
+    zero = load_encoder(ZERO_SHOT)
+    for folder in sorted((bundle / "starts").iterdir()):
+        target = work / "starts" / folder.name
+        if (target / "agrame.json").exists():
+            continue
+        settings = EncoderSettings.from_json(json.loads((folder / "settings.json").read_text()))
+        projection = None
+        if (folder / "projection.safetensors").exists():
+            weight = st.load_file(str(folder / "projection.safetensors"))["weight"]
+            projection = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+            projection.weight.data.copy_(weight)
+        Encoder(zero.backbone, zero.tokenizer, settings, projection, source=f"bundle:{folder.name}").save(target)
+    (work / "data").mkdir(parents=True, exist_ok=True)
+    for name, _ in manifest["train"] + manifest["distill"]:
+        if not (work / "data" / name).exists():
+            unpack_records(bundle / "data" / "texts.jsonl.xz", bundle / "data" / f"{name}.slim.xz",
+                           work / "data" / name)
+    return manifest
+
+
+def seconds_per_step(log: Path) -> float:
+    """Seconds a step between the first and the last step a ``train.log`` records."""
+    times = {}
+    for line in log.read_text().splitlines():
+        m = _LOG_LINE.match(line)
+        if m:
+            times[int(m.group(2))] = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
+    if len(times) < 2:
+        raise BundleError(f"{log}: fewer than two logged steps to time")
+    a, b = min(times), max(times)
+    return (times[b] - times[a]).total_seconds() / (b - a)
+
+
+def steps_for(seconds_left: float, per_step: float, *, low: int = 200, high: int = 8000, margin: float = 0.88) -> int:
+    """Steps that fit ``seconds_left`` at ``per_step`` (with a margin for saving), in hundreds, within
+    [low, high]."""
+    fit = int(seconds_left / max(per_step, 1e-9) * margin) // 100 * 100
+    return max(low, min(high, fit))
+
+
+def _student_args(manifest: dict, model: str, work: Path, data: List[str], device: str) -> List[str]:
+    spec = manifest["models"][model]
+    return (["--init-model", str(work / "starts" / spec["start"])] + spec["args"] + manifest["recipe"]
+            + ["--device", device, "--data", *data])
+
+
+def _side_by_side(commands: Dict[str, List[str]], logs: Path, env: dict) -> Dict[str, int]:
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = {}
+    for name, argv in commands.items():
+        with open(logs / f"{name}.log", "w") as log:
+            procs[name] = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, env=env)
+    return {name: p.wait() for name, p in procs.items()}
+
+
+def run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: float = 540.0,
+        steps: Optional[int] = None, calibration_steps: int = 40, models: Optional[Sequence[str]] = None,
+        threads: Optional[int] = None, say=print) -> dict:
+    """Everything the device machine does, in ``budget`` seconds (the teacher, calibration and training)."""
+    t0 = time.time()
+    elapsed = lambda: round(time.time() - t0, 1)  # noqa: E731
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = setup(bundle, work)
+    models = list(models or manifest["models"])
+    env = {**os.environ, "AGRAME_MINILM": str(work / "base"), "PYTHONUNBUFFERED": "1",
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": os.pathsep.join(
+               [str(bundle / "code")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    report = {"bundle": manifest["created"], "base_fingerprint": manifest["base_fingerprint"], "device": device,
+              "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+              "setup_s": elapsed()}
+    say(f"setup at {elapsed()} s")
+    data = [str(work / "data" / n) + f"@{c}" for n, c in manifest["train"]]
+    scoring = {}
+    for name, copies in manifest["distill"]:
+        scored = work / "data" / f"{Path(name).stem}-scored.jsonl"
+        data.append(f"{scored}@{copies}")
+        if not scored.exists():
+            scoring[name] = ["-m", "training.teachers", "multivector", "--model", "zero-shot", "--device", device,
+                             "--data", str(work / "data" / name), "--out", str(scored)]
+    codes = _side_by_side(scoring, work / "logs" / "teacher", env)
+    if any(codes.values()):
+        raise BundleError(f"teacher scoring failed: {codes} (logs in {work / 'logs' / 'teacher'})")
+    report["teacher_s"] = elapsed()
+    say(f"distill records scored at {elapsed()} s")
+    if steps is None:
+        cal = work / "cal"
+        codes = _side_by_side({m: ["-m", "training.student", *_student_args(manifest, m, work, data, device),
+                                   "--steps", str(calibration_steps), "--out", str(cal / m)] for m in models},
+                              work / "logs" / "cal", env)
+        if any(codes.values()):
+            raise BundleError(f"calibration failed: {codes} (logs in {work / 'logs' / 'cal'})")
+        per_step = max(seconds_per_step(cal / m / "train.log") for m in models)
+        left = budget - (time.time() - t0) - 75  # saving and packing
+        steps = steps_for(left, per_step)
+        report.update(calibration_steps=calibration_steps, seconds_per_step=round(per_step, 4), steps=steps)
+        say(f"calibrated at {elapsed()} s: {per_step:.3f} s a step for {len(models)} side by side; {steps} steps")
+        minutes = ["--minutes", f"{max(0.5, left / 60):.2f}"]
+    else:
+        report["steps"] = steps
+        minutes = []
+    codes = _side_by_side({m: ["-m", "training.student", *_student_args(manifest, m, work, data, device),
+                               "--steps", str(steps), *minutes, "--out", str(work / "big" / m)] for m in models},
+                          work / "logs" / "train", env)
+    report["trained_s"] = elapsed()
+    report["students"] = {}
+    for m in models:
+        final = work / "big" / m / "final"
+        if codes[m] or not (final / "agrame.json").exists():
+            report["students"][m] = {"error": f"exit {codes[m]}, no final model",
+                                     "log": (work / "logs" / "train" / f"{m}.log").read_text()[-2000:]}
+            continue
+        files = pack_student(work / "big" / m, work / "base", out, m, manifest)
+        report["students"][m] = {"files": files, "last_log": (work / "big" / m / "train.log").read_text()
+                                 .strip().splitlines()[-1:]}
+    report["done_s"] = elapsed()
+    (out / "run.json").write_text(json.dumps(report, indent=2) + "\n")
+    say(f"done at {elapsed()} s")
+    return report
+
+
+def pack_student(run_dir: Path, base: Path, out: Path, name: str, manifest: dict) -> List[str]:
+    """A student's change over θ₀ into ``out/NAME-i.safetensors`` files of at most 15 MiB each."""
+    import safetensors.torch as st
+
+    from agrame.encoder import _load_backbone
+
+    final = run_dir / "final"
+    out.mkdir(parents=True, exist_ok=True)
+    theta0 = _load_backbone(base)[0].state_dict()
+    theta1 = _load_backbone(final)[0].state_dict()
+    exact = manifest["precision"] == "float32"
+    tensors: Dict[str, torch.Tensor] = {}
+    for key, new in theta1.items():
+        old = theta0.get(key)
+        if old is None or old.shape != new.shape or not new.is_floating_point():
+            tensors[f"whole|{key}"] = new.contiguous()
+            continue
+        if torch.equal(old, new):
+            continue
+        changed = (new != old).flatten(1).any(dim=1).nonzero().flatten() if new.dim() > 1 else None
+        if exact:
+            tensors[f"whole|{key}"] = new.contiguous()
+        elif changed is not None and len(changed) < new.shape[0] // 2:  # e.g. the marker rows: exactly
+            tensors[f"rows|{key}|idx"] = changed.contiguous()
+            tensors[f"rows|{key}|val"] = new[changed].float().contiguous()
+        else:
+            tensors[f"delta|{key}"] = (new.float() - old.float()).half().contiguous()
+    if (final / "projection.safetensors").exists():
+        tensors["projection"] = st.load_file(str(final / "projection.safetensors"))["weight"].contiguous()
+    chunks: List[Dict[str, torch.Tensor]] = []
+    current, size = {}, 0
+    for key in sorted(tensors):
+        n = tensors[key].numel() * tensors[key].element_size()
+        if n > FILE_LIMIT - (1 << 20):
+            raise BundleError(f"{name}: tensor {key} alone is {n / 2 ** 20:.1f} MiB, over a result file's limit")
+        if current and size + n > FILE_LIMIT - (1 << 20):  # (room for the metadata)
+            chunks.append(current)
+            current, size = {}, 0
+        current[key] = tensors[key]
+        size += n
+    chunks.append(current)
+    text = {f.name: f.read_text() for f in final.iterdir() if f.name in ("agrame.json", "training.json")}
+    text["train.log"] = (run_dir / "train.log").read_text()[-200_000:]
+    meta = {"format": FORMAT, "student": name, "chunks": str(len(chunks)), "precision": manifest["precision"],
+            "base_fingerprint": manifest["base_fingerprint"], "text": json.dumps(text)}
+    written = []
+    for i, chunk in enumerate(chunks):
+        path = out / f"{name}-{i}.safetensors"
+        st.save_file(chunk, str(path), metadata=meta if i == 0 else {"format": FORMAT, "student": name,
+                                                                     "chunk": str(i)})
+        written.append(path.name)
+    return written
+
+
+# -- unpack (here) -------------------------------------------------------------------------------
+
+def unpack(result: Path, out: Path, *, export: bool = True, say=print) -> Dict[str, Path]:
+    """Each student of a result folder rebuilt over the local θ₀ as ``out/NAME`` (a model folder) and,
+    with ``export``, ``out/export/NAME`` (a delta, what ships)."""
+    import safetensors
+    import safetensors.torch as st
+
+    from agrame.encoder import ZERO_SHOT, Encoder, EncoderSettings, load_encoder
+
+    firsts = sorted(result.glob("*-0.safetensors"))
+    if not firsts:
+        raise BundleError(f"{result}: no student files (NAME-0.safetensors)")
+    local = load_encoder(ZERO_SHOT)
+    done = {}
+    for first in firsts:
+        with safetensors.safe_open(str(first), "pt") as f:
+            meta = f.metadata() or {}
+        name = meta.get("student", first.name[: -len("-0.safetensors")])
+        if meta.get("format") != FORMAT:
+            raise BundleError(f"{first}: not a training bundle result")
+        if meta.get("base_fingerprint") != local.fingerprint():
+            raise BundleError(f"{first}: trained over base {str(meta.get('base_fingerprint'))[:12]}…, but the local "
+                              f"zero-shot model is {local.fingerprint()[:12]}… (another MiniLM): not rebuilt")
+        count = int(meta["chunks"])
+        files = [result / f"{name}-{i}.safetensors" for i in range(count)]
+        missing = [f.name for f in files if not f.exists()]
+        if missing:
+            raise BundleError(f"{result}: {name} lacks {missing}")
+        tensors: Dict[str, torch.Tensor] = {}
+        for f in files:
+            tensors.update(st.load_file(str(f)))
+        text = json.loads(meta["text"])
+        state = {k: v.clone() for k, v in local.backbone.state_dict().items()}
+        for key, value in tensors.items():
+            kind, _, rest = key.partition("|")
+            if kind == "whole":
+                state[rest] = value
+            elif kind == "delta":
+                state[rest] = (state[rest].float() + value.float()).to(state[rest].dtype)
+            elif kind == "rows" and rest.endswith("|idx"):
+                target = rest[: -len("|idx")]
+                state[target] = state[target].clone()
+                state[target][value] = tensors[f"rows|{target}|val"].to(state[target].dtype)
+        settings_json = json.loads(text["agrame.json"])
+        settings_json.pop("format", None)
+        settings = EncoderSettings.from_json(settings_json)
+        backbone = load_encoder(ZERO_SHOT).backbone
+        backbone.load_state_dict(state)
+        projection = None
+        if "projection" in tensors:
+            weight = tensors["projection"]
+            projection = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+            projection.weight.data.copy_(weight.float())
+        folder = out / name
+        Encoder(backbone, local.tokenizer, settings, projection, source=f"bundle:{name}").save(folder)
+        for extra in ("training.json", "train.log"):
+            if extra in text:
+                (folder / extra).write_text(text[extra])
+        done[name] = folder
+        say(f"{name}: rebuilt in {folder}")
+        if export:
+            from .export import main as export_main
+
+            export_main(["--model", str(folder), "--out", str(out / "export" / name)])
+            done[name] = out / "export" / name
+    return done
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("pack", help="write the bundle folder (here)")
+    p.add_argument("out", type=Path)
+    p.add_argument("--runs", type=Path, default=None,
+                   help="training/scale.sh's data folder (R = $AGRAME_RUNS/big): squad-labels, scifact-labels@4 "
+                        "and the unscored distill files of nq-dev, trivia-dev, wiki-claims")
+    p.add_argument("--train", nargs="*", default=[], help="labelled records FILE[@N], used as they are")
+    p.add_argument("--distill", nargs="*", default=[], help="records FILE[@N] scored by the zero-shot teacher there")
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--precision", choices=("float16", "float32"), default="float16",
+                   help="θ₀ and the change as carried (float32: exact, for tests and small models)")
+    p.add_argument("--wheels", default="download", help="'download' (from PyPI, here), a folder of .whl, or 'none'")
+    p.add_argument("--limit-mib", type=float, default=LIMIT_MIB)
+    p.add_argument("--extra-args", default="", help="student arguments after the recipe's (tests: a tiny model)")
+    r = sub.add_parser("run", help="on the device machine (run.sh calls it)")
+    r.add_argument("--bundle", type=Path, required=True)
+    r.add_argument("--out", type=Path, required=True, help="where the result files go ($OUT)")
+    r.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "agrame-bundle-work")
+    r.add_argument("--device", default="cuda")
+    r.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run")
+    r.add_argument("--steps", type=int, default=None, help="train this many steps (no calibration)")
+    r.add_argument("--calibration-steps", type=int, default=40)
+    r.add_argument("--models", nargs="+", default=None)
+    r.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of each process")
+    u = sub.add_parser("unpack", help="rebuild and export the students of a result folder (here)")
+    u.add_argument("result", type=Path)
+    u.add_argument("--out", type=Path, required=True)
+    u.add_argument("--no-export", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "pack":
+            train, distill = list(args.train), list(args.distill)
+            if args.runs is not None:
+                train += [str(args.runs / "squad-labels.jsonl"), str(args.runs / "scifact-labels.jsonl") + "@4"]
+                distill += [str(args.runs / f"distill-{t}.jsonl") for t in ("nq-dev", "trivia-dev", "wiki-claims")]
+            if not train:
+                raise BundleError("no training records (--runs R or --train FILE…)")
+            pack(args.out, train=train, distill=distill, models=args.models, precision=args.precision,
+                 wheels=args.wheels, limit_mib=args.limit_mib, extra_args=args.extra_args.split())
+        elif args.command == "run":
+            run(args.bundle, args.out, args.work, device=args.device, budget=args.budget, steps=args.steps,
+                calibration_steps=args.calibration_steps, models=args.models, threads=args.threads)
+        else:
+            unpack(args.result, args.out, export=not args.no_export)
+    except BundleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
