@@ -198,3 +198,11 @@ def test_the_bundle_recipe_is_scale_sh_s(tmp_path):
     agrame, colbert = students
     assert "--sentence-marker" in agrame and agrame[agrame.index("--sentence-marker") + 1] == "Q'"
     assert colbert[colbert.index("--sentence-weight") + 1] == "0"
+
+
+def test_state_encoding_round_trips_every_dtype():
+    state = {"w": torch.randn(7, 5).half(), "b": torch.randn(3).half(), "idx": torch.arange(6), "f": torch.randn(2, 2),
+             "s": torch.tensor(1.5, dtype=torch.float16)}
+    back = bundle.decode_state(bundle.encode_state(state))
+    assert set(back) == set(state)
+    assert all(back[k].dtype == v.dtype and torch.equal(back[k], v) for k, v in state.items())

@@ -68,9 +68,10 @@ class BundleError(ValueError):
 # -- records: each passage text once -----------------------------------------------------------
 
 def pack_records(files: Dict[str, Path]) -> Tuple[bytes, Dict[str, bytes]]:
-    """``(texts, {name: records})``, xz-compressed: each passage's text and sentences stored once
-    (keyed by a hash of their content), the records keeping only the key."""
-    table: Dict[str, str] = {}
+    """``(texts, {name: records})``, xz-compressed: each passage's text and sentences stored once (a
+    line of ``texts``), the records keeping only its line number (small numbers compress; the
+    24,000 SQuAD records name 192,000 passages)."""
+    table: Dict[str, int] = {}
     slim: Dict[str, bytes] = {}
     for name, path in files.items():
         lines = []
@@ -81,27 +82,22 @@ def pack_records(files: Dict[str, Path]) -> Tuple[bytes, Dict[str, bytes]]:
                 record = json.loads(line)
                 for p in record.get("passages", []):
                     key = json.dumps([p.pop("text"), p.pop("sentences", None)], ensure_ascii=False)
-                    h = hashlib.blake2b(key.encode(), digest_size=10).hexdigest()
-                    table.setdefault(h, key)
-                    p["h"] = h
+                    p["t"] = table.setdefault(key, len(table))
                 lines.append(json.dumps(record, ensure_ascii=False))
-        slim[name] = lzma.compress(("\n".join(lines) + "\n").encode(), preset=6)
-    texts = "".join(json.dumps([h, key], ensure_ascii=False) + "\n" for h, key in table.items())
+        slim[name] = lzma.compress(("\n".join(lines) + "\n").encode(), preset=9)
+    texts = "".join(key + "\n" for key in table)  # in id order (dicts keep insertion order)
     return lzma.compress(texts.encode(), preset=9), slim
 
 
 def unpack_records(texts: Path, slim: Path, out: Path) -> int:
     """Rebuild one records file (the original's fields, each passage's text and sentences back)."""
-    table = {}
-    for line in lzma.decompress(texts.read_bytes()).decode().splitlines():
-        h, key = json.loads(line)
-        table[h] = json.loads(key)
+    table = [json.loads(line) for line in lzma.decompress(texts.read_bytes()).decode().splitlines()]
     n = 0
     with open(out, "w", encoding="utf-8") as dst:
         for line in lzma.decompress(slim.read_bytes()).decode().splitlines():
             record = json.loads(line)
             for i, p in enumerate(record.get("passages", [])):
-                text, sentences = table[p.pop("h")]
+                text, sentences = table[p.pop("t")]
                 q = {"pid": p.pop("pid")} if "pid" in p else {}
                 q["text"] = text
                 if sentences is not None:
@@ -111,6 +107,44 @@ def unpack_records(texts: Path, slim: Path, out: Path) -> int:
             dst.write(json.dumps(record, ensure_ascii=False) + "\n")
             n += 1
     return n
+
+
+def encode_state(state: Dict[str, torch.Tensor]) -> bytes:
+    """A state_dict as one xz-compressed blob; float16 tensors as two byte planes (high bytes — sign
+    and exponent — compress well, mantissas hardly: together 2 MB smaller than xz of the tensors)."""
+    import numpy as np
+    import safetensors.torch as st
+
+    halves = {k: v for k, v in state.items() if v.dtype == torch.float16}
+    other = {k: v.contiguous() for k, v in state.items() if v.dtype != torch.float16}
+    words = (np.concatenate([v.numpy().view(np.uint16).ravel() for v in halves.values()]) if halves
+             else np.zeros(0, np.uint16))
+    header = json.dumps({"halves": [[k, list(v.shape)] for k, v in halves.items()]}).encode()
+    blobs = [header, (words >> 8).astype(np.uint8).tobytes(), (words & 0xFF).astype(np.uint8).tobytes(),
+             st.save(other) if other else b""]
+    packed = [lzma.compress(b, preset=6) for b in blobs]
+    return json.dumps([len(b) for b in packed]).encode() + b"\n" + b"".join(packed)
+
+
+def decode_state(data: bytes) -> Dict[str, torch.Tensor]:
+    import numpy as np
+    import safetensors.torch as st
+
+    first, _, rest = data.partition(b"\n")
+    blobs, at = [], 0
+    for n in json.loads(first):
+        blobs.append(lzma.decompress(rest[at:at + n]))
+        at += n
+    header = json.loads(blobs[0])
+    words = (np.frombuffer(blobs[1], np.uint8).astype(np.uint16) << 8) | np.frombuffer(blobs[2], np.uint8)
+    state, at = {}, 0
+    for name, shape in header["halves"]:
+        n = int(np.prod(shape)) if shape else 1
+        state[name] = torch.from_numpy(words[at:at + n].copy().view(np.float16).reshape(shape))
+        at += n
+    if blobs[3]:
+        state.update(st.load(blobs[3]))
+    return state
 
 
 # -- pack ----------------------------------------------------------------------------------------
@@ -128,9 +162,38 @@ def _code_files() -> Dict[str, bytes]:
     return out
 
 
-def _base_parts(precision: str) -> Tuple[Dict[str, bytes], str]:
+#: The embedding matrix of θ₀ travels as the rows of the tokens that occur in the records (the others
+#: are never looked up there, and only the marker rows train): MiniLM's 30,522 rows are half its weights.
+EMBEDDINGS = "embeddings.word_embeddings.weight"
+
+
+def used_token_ids(tokenizer, texts: Sequence[str]) -> List[int]:
+    """Every token id the texts tokenize to, with the special tokens and the unused rows that markers
+    take (``[unused0]`` …), sorted."""
+    ids = set(tokenizer.all_special_ids)
+    ids.update(i for t, i in tokenizer.get_vocab().items() if t.startswith("[unused"))
+    for lo in range(0, len(texts), 1000):
+        for row in tokenizer(list(texts[lo:lo + 1000]), add_special_tokens=False)["input_ids"]:
+            ids.update(row)
+    return sorted(ids)
+
+
+def _record_texts(files: Sequence[Path]) -> List[str]:
+    texts = set()
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    r = json.loads(line)
+                    texts.add(r.get("question", ""))
+                    texts.update(p["text"] for p in r.get("passages", []))
+    return sorted(texts)
+
+
+def _base_parts(precision: str, texts: Optional[Sequence[str]] = None) -> Tuple[Dict[str, bytes], str]:
     """θ₀ — the backbone ``load_encoder("zero-shot")`` loads — as config/tokenizer files and its
-    state_dict in ``precision`` (xz), and that model's fingerprint (what a result must match)."""
+    state_dict in ``precision`` (xz; with ``texts``, of the embedding matrix only the rows their
+    tokens use), and that model's fingerprint (what a result must match)."""
     import safetensors.torch as st
 
     from agrame.encoder import ZERO_SHOT, load_encoder
@@ -139,7 +202,13 @@ def _base_parts(precision: str) -> Tuple[Dict[str, bytes], str]:
     dtype = torch.float16 if precision == "float16" else torch.float32
     state = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous()
              for k, v in encoder.backbone.state_dict().items()}
-    files = {"base/weights.safetensors.xz": lzma.compress(st.save(state), preset=6)}
+    if texts is not None:
+        rows = torch.tensor(used_token_ids(encoder.tokenizer, texts), dtype=torch.int64)
+        matrix = state.pop(EMBEDDINGS)
+        state[f"rows|{EMBEDDINGS}|idx"] = rows
+        state[f"rows|{EMBEDDINGS}|val"] = matrix[rows].contiguous()
+        state[f"rows|{EMBEDDINGS}|shape"] = torch.tensor(list(matrix.shape), dtype=torch.int64)
+    files = {"base/weights.xz": encode_state(state)}
     with tempfile.TemporaryDirectory() as tmp:
         encoder.backbone.config.save_pretrained(tmp)
         encoder.tokenizer.save_pretrained(tmp)
@@ -169,7 +238,45 @@ def _start_parts(starts: Sequence[str]) -> Dict[str, bytes]:
     return files
 
 
+#: Model families a student needs from transformers (the rest of its 9 MB wheel is other architectures).
+KEEP_MODELS = ("bert", "auto", "encoder_decoder")
+
+
+def slim_transformers(wheel: bytes) -> bytes:
+    """The transformers wheel without the code of model families a student never loads: every
+    ``models/<family>/__init__.py`` and configuration stay (``transformers.models`` imports every
+    family, and the auto classes look through every config), the files of :data:`KEEP_MODELS` stay
+    whole, and ``RECORD`` lists what is left (~2.5 MB of ~9)."""
+    import io
+    import zipfile
+
+    src = zipfile.ZipFile(io.BytesIO(wheel))
+    keep = []
+    for info in src.infolist():
+        parts = info.filename.split("/")
+        if parts[:2] == ["transformers", "models"] and len(parts) > 3 and parts[2] not in KEEP_MODELS \
+                and parts[-1] != "__init__.py" and not parts[-1].startswith("configuration_"):
+            continue
+        keep.append(info)
+    names = {i.filename for i in keep}
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in keep:
+            data = src.read(info.filename)
+            if info.filename.endswith(".dist-info/RECORD"):
+                data = "".join(line + "\n" for line in data.decode().splitlines()
+                               if line.split(",", 1)[0] in names).encode()
+            dst.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
+    return buffer.getvalue()
+
+
 def _wheels(how: str) -> Dict[str, bytes]:
+    files = _wheel_files(how)
+    return {name: slim_transformers(data) if Path(name).name.startswith("transformers-") else data
+            for name, data in files.items()}
+
+
+def _wheel_files(how: str) -> Dict[str, bytes]:
     if how == "none":
         return {}
     if how == "download":
@@ -186,6 +293,16 @@ def _wheels(how: str) -> Dict[str, bytes]:
     return {f"wheels/{f.name}": f.read_bytes() for f in found}
 
 
+def travelling_bytes(repo: Path = REPO) -> int:
+    """What travels to the device beside a carried bundle: the checkout's tracked and untracked, not
+    ignored files (the device tool's 64 MiB count them all)."""
+    listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "-co", "--exclude-standard"],
+                            capture_output=True, text=True)
+    if listed.returncode != 0:
+        return 0
+    return sum((repo / f).stat().st_size for f in listed.stdout.split("\0") if f and (repo / f).is_file())
+
+
 def parse_data(specs: Sequence[str]) -> List[Tuple[str, Path, int]]:
     """``FILE[@N]`` → (name, path, copies)."""
     out = []
@@ -198,9 +315,12 @@ def parse_data(specs: Sequence[str]) -> List[Tuple[str, Path, int]]:
 
 
 def pack(out: Path, *, train: Sequence[str], distill: Sequence[str], models: Sequence[str] = tuple(MODELS),
-         precision: str = "float16", wheels: str = "download", limit_mib: float = LIMIT_MIB,
+         precision: str = "float16", wheels: str = "download", limit_mib: Optional[float] = None,
          extra_args: Sequence[str] = (), say=print) -> dict:
-    """Write the bundle folder ``out`` (a new folder, renamed into place); returns its manifest."""
+    """Write the bundle folder ``out`` (a new folder, renamed into place); returns its manifest.
+    ``limit_mib`` None: what the device call leaves beside the checkout that travels with it."""
+    if limit_mib is None:
+        limit_mib = LIMIT_MIB - travelling_bytes() / 2 ** 20
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         raise BundleError(f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
@@ -216,7 +336,7 @@ def pack(out: Path, *, train: Sequence[str], distill: Sequence[str], models: Seq
                                                    **{f"data/{n}.slim.xz": b for n, b in slim.items()}}}
     parts["code"] = {f"code/{k}": v for k, v in _code_files().items()}
     parts["code"]["run.sh"] = (REPO / "training" / "bundle_run.sh").read_bytes()
-    base, fingerprint = _base_parts(precision)
+    base, fingerprint = _base_parts(precision, _record_texts([p for _, p, _ in train_files + distill_files]))
     parts["base"] = base
     parts["starts"] = _start_parts(sorted({MODELS[m][0] for m in models}))
     parts["wheels"] = _wheels(wheels)
@@ -230,7 +350,7 @@ def pack(out: Path, *, train: Sequence[str], distill: Sequence[str], models: Seq
     total = sum(len(b) for v in parts.values() for b in v.values())
     if total > limit_mib * 2 ** 20:
         sizes = ", ".join(f"{k} {sum(len(b) for b in v.values()) / 2 ** 20:.1f} MiB" for k, v in parts.items())
-        raise BundleError(f"the bundle would be {total / 2 ** 20:.1f} MiB, over its limit of {limit_mib:g} MiB "
+        raise BundleError(f"the bundle would be {total / 2 ** 20:.1f} MiB, over its limit of {limit_mib:.2f} MiB "
                           f"({sizes}); nothing was written")
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -259,7 +379,12 @@ def setup(bundle: Path, work: Path) -> dict:
     manifest = json.loads((bundle / "bundle.json").read_text())
     base = work / "base"
     if not (base / "model.safetensors").exists():
-        state = st.load(lzma.decompress((bundle / "base" / "weights.safetensors.xz").read_bytes()))
+        state = decode_state((bundle / "base" / "weights.xz").read_bytes())
+        if f"rows|{EMBEDDINGS}|idx" in state:  # the rows the records use; the others are never looked up
+            shape = state.pop(f"rows|{EMBEDDINGS}|shape").tolist()
+            rows, values = state.pop(f"rows|{EMBEDDINGS}|idx"), state.pop(f"rows|{EMBEDDINGS}|val")
+            state[EMBEDDINGS] = torch.zeros(shape, dtype=values.dtype)
+            state[EMBEDDINGS][rows] = values
         state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
         staging = work / ".base"
         shutil.rmtree(staging, ignore_errors=True)
@@ -415,11 +540,12 @@ def pack_student(run_dir: Path, base: Path, out: Path, name: str, manifest: dict
         if torch.equal(old, new):
             continue
         changed = (new != old).flatten(1).any(dim=1).nonzero().flatten() if new.dim() > 1 else None
-        if exact:
-            tensors[f"whole|{key}"] = new.contiguous()
-        elif changed is not None and len(changed) < new.shape[0] // 2:  # e.g. the marker rows: exactly
+        if changed is not None and len(changed) < new.shape[0] // 2:  # e.g. the marker rows: exactly
+            # (and never the whole embedding matrix: θ₀ there lacks the rows the records do not use)
             tensors[f"rows|{key}|idx"] = changed.contiguous()
             tensors[f"rows|{key}|val"] = new[changed].float().contiguous()
+        elif exact:
+            tensors[f"whole|{key}"] = new.contiguous()
         else:
             tensors[f"delta|{key}"] = (new.float() - old.float()).half().contiguous()
     if (final / "projection.safetensors").exists():
@@ -532,7 +658,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--precision", choices=("float16", "float32"), default="float16",
                    help="θ₀ and the change as carried (float32: exact, for tests and small models)")
     p.add_argument("--wheels", default="download", help="'download' (from PyPI, here), a folder of .whl, or 'none'")
-    p.add_argument("--limit-mib", type=float, default=LIMIT_MIB)
+    p.add_argument("--limit-mib", type=float, default=None,
+                   help=f"largest bundle (default: {LIMIT_MIB} MiB less the checkout that travels beside it)")
     p.add_argument("--extra-args", default="", help="student arguments after the recipe's (tests: a tiny model)")
     r = sub.add_parser("run", help="on the device machine (run.sh calls it)")
     r.add_argument("--bundle", type=Path, required=True)
