@@ -295,8 +295,11 @@ def run_bounds(folder: Path, model: Path, index: Path) -> dict:
     qfile.write_text('{"id": "q", "text": "coral", "x": ' + deep + "}\n")
     big = folder / "big.jsonl"
     big.write_text(json.dumps({"id": "a", "text": "reef " * 1_700_000}) + "\n")  # 8.5 MB
-    cases = [["search", "-i", str(index), "--filter", f, "coral"] for f in _filters().values()]
-    cases += [["delete", "-i", str(index), "--filter", f] for f in _filters().values()]
+    # (a filter of over 128 KiB cannot be one argument of a command on Linux: those go over HTTP only)
+    argv_filters = [f for f in _filters().values() if len(f) < 100_000]
+    out["cli"]["filters_too_long_for_argv"] = len(_filters()) - len(argv_filters)
+    cases = [["search", "-i", str(index), "--filter", f, "coral"] for f in argv_filters]
+    cases += [["delete", "-i", str(index), "--filter", f] for f in argv_filters]
     cases += [["rank", "-q", "coral", "-p", str(pfile)], ["index", "-p", str(pfile), "-i", str(folder / "ix-deep")],
               ["search", "-i", str(index), "--queries", str(qfile)], ["index", "-p", str(big), "-i", str(folder / "ix-big")],
               ["rank", "-q", "reef", "-p", str(big)]]
