@@ -36,11 +36,19 @@ def tiny_base(tmp_path, make_tiny_encoder, monkeypatch):
     return base
 
 
+def _mined_record(k: int, question: str, order):
+    r = record(question, order)
+    r["qid"] = f"q{k}"
+    for p, i in zip(r["passages"], order):
+        p["pid"] = f"train-{i}"
+    return r
+
+
 def _records(tmp_path: Path):
     train = tmp_path / "train.jsonl"
     questions = ["why do reefs bleach", "who built the tower in 1889", "what do corals eat", "where is paris"]
-    train.write_text("".join(json.dumps(record(q, order)) + "\n"
-                             for q in questions for order in ([0, 1, 2], [2, 3, 0])))
+    train.write_text("".join(json.dumps(_mined_record(2 * k + j, q, order)) + "\n"
+                             for k, q in enumerate(questions) for j, order in enumerate(([0, 1, 2], [2, 3, 0]))))
     distill = tmp_path / "distill.jsonl"
     rows = []
     for q in ("reef colours", "a tall iron tower"):
@@ -63,7 +71,8 @@ def test_pack_run_unpack_equals_a_model_trained_here(tmp_path, tiny_base):
     train, distill = _records(tmp_path)
     packed = tmp_path / "bundle"
     manifest = bundle.pack(packed, train=[f"{train}@2"], distill=[str(distill)], models=["agrame", "colbert"],
-                           precision="float32", wheels="none", extra_args=TINY_ARGS, say=lambda *_: None)
+                           precision="float32", wheels="none", extra_args=TINY_ARGS, mine=("train.jsonl", "zero-shot"),
+                           say=lambda *_: None)
     assert (packed / "run.sh").is_file() and (packed / "code" / "training" / "bundle.py").is_file()
     assert not (packed / "code" / "agrame" / "models").exists() and manifest["sizes"]["wheels"] == 0
     # the device machine: a bare folder, the bundle's own code, the CPU as the device
@@ -79,6 +88,10 @@ def test_pack_run_unpack_equals_a_model_trained_here(tmp_path, tiny_base):
                for f in s["files"])
     unpacked = bundle.unpack(out, tmp_path / "models", say=lambda *_: None)
     assert set(unpacked) == {"agrame", "colbert"}
+    # the mining scan ran there: each question's ranking of every passage the records hold
+    rankings = [json.loads(x) for x in (tmp_path / "models" / "squad-ranking.jsonl").read_text().splitlines()]
+    assert [r["qid"] for r in rankings] == [f"q{k}" for k in range(8)]
+    assert all(sorted(r["ranked"]) == [0, 1, 2, 3] for r in rankings)
     # here, with the same seed, data (the teacher's scores made here too) and recipe
     scored = tmp_path / "distill-scored.jsonl"
     local_env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -206,3 +219,23 @@ def test_state_encoding_round_trips_every_dtype():
     back = bundle.decode_state(bundle.encode_state(state))
     assert set(back) == set(state)
     assert all(back[k].dtype == v.dtype and torch.equal(back[k], v) for k, v in state.items())
+
+
+def test_the_exact_mining_scan_ranks_as_the_ranker_does(make_tiny_encoder):
+    from agrame.ranker import Ranker
+    from training.mined import Miner, choose_negatives, exact_rankings
+
+    encoder = make_tiny_encoder(dim=16)
+    records = [_mined_record(k, q, order) for k, (q, order) in enumerate(
+        [("why do reefs bleach", [0, 1, 2]), ("the tower of 1889", [3, 0]), ("corals and algae", [2, 3])])]
+    got = dict(exact_rankings(encoder, records, depth=10, passages_per_chunk=2, questions_per_batch=2))
+    ranker = Ranker(encoder)
+    corpus = ranker.encode([(f"train-{i}", TEXTS[i]) for i in range(4)])
+    for r in records:
+        expected = [int(h.passage_id.split("-")[1]) for h in ranker.rank(r["question"], corpus, "passage", top_k=None)]
+        assert got[r["qid"]] == expected
+    # a ranking made elsewhere is the model's side of the mined negatives
+    miner = Miner(list(TEXTS), None, None, depth=3, ranking={"q0": [2, 1, 0]})
+    by_model, by_bm25 = miner.ranked(["why do reefs bleach"], ["q0"])
+    assert by_model == [[2, 1, 0]] and len(by_bm25[0]) == 3
+    assert choose_negatives(0, "zzz", by_model[0], [3, 1], TEXTS, 2, 1)[0] == 2

@@ -316,9 +316,11 @@ def parse_data(specs: Sequence[str]) -> List[Tuple[str, Path, int]]:
 
 def pack(out: Path, *, train: Sequence[str], distill: Sequence[str], models: Sequence[str] = tuple(MODELS),
          precision: str = "float16", wheels: str = "download", limit_mib: Optional[float] = None,
-         extra_args: Sequence[str] = (), say=print) -> dict:
+         extra_args: Sequence[str] = (), mine: Optional[Tuple[str, str]] = None, say=print) -> dict:
     """Write the bundle folder ``out`` (a new folder, renamed into place); returns its manifest.
-    ``limit_mib`` None: what the device call leaves beside the checkout that travels with it."""
+    ``limit_mib`` None: what the device call leaves beside the checkout that travels with it. ``mine``:
+    ``(records file name, model)`` whose questions are ranked there against all its passages by
+    exact MaxSim (``training.mined exact-rank``), the recipe's mined negatives for a later run."""
     if limit_mib is None:
         limit_mib = LIMIT_MIB - travelling_bytes() / 2 ** 20
     unknown = [m for m in models if m not in MODELS]
@@ -338,13 +340,16 @@ def pack(out: Path, *, train: Sequence[str], distill: Sequence[str], models: Seq
     parts["code"]["run.sh"] = (REPO / "training" / "bundle_run.sh").read_bytes()
     base, fingerprint = _base_parts(precision, _record_texts([p for _, p, _ in train_files + distill_files]))
     parts["base"] = base
-    parts["starts"] = _start_parts(sorted({MODELS[m][0] for m in models}))
+    if mine is not None and mine[0] not in [n for n, _, _ in train_files]:
+        raise BundleError(f"--mine {mine[0]}: not one of the training files ({[n for n, _, _ in train_files]})")
+    parts["starts"] = _start_parts(sorted({MODELS[m][0] for m in models} | ({mine[1]} if mine else set())))
     parts["wheels"] = _wheels(wheels)
     manifest = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "base_fingerprint": fingerprint, "precision": precision,
                 "train": [[n, c] for n, _, c in train_files], "distill": [[n, c] for n, _, c in distill_files],
                 "recipe": RECIPE + list(extra_args),
                 "models": {m: {"start": MODELS[m][0], "args": MODELS[m][1]} for m in models},
+                "mine": None if mine is None else {"records": mine[0], "model": mine[1]},
                 "sizes": {k: sum(len(b) for b in v.values()) for k, v in parts.items()}}
     parts["manifest"] = {"bundle.json": json.dumps(manifest, indent=2).encode()}
     total = sum(len(b) for v in parts.values() for b in v.values())
@@ -479,9 +484,14 @@ def run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: fl
         if not scored.exists():
             scoring[name] = ["-m", "training.teachers", "multivector", "--model", "zero-shot", "--device", device,
                              "--data", str(work / "data" / name), "--out", str(scored)]
+    mine = manifest.get("mine")
+    if mine:  # the mining scan shares the device with the teacher
+        scoring["mine"] = ["-m", "training.mined", "exact-rank", "--model", str(work / "starts" / mine["model"]),
+                           "--records", str(work / "data" / mine["records"]), "--out", str(out / "squad-ranking.jsonl"),
+                           "--device", device]
     codes = _side_by_side(scoring, work / "logs" / "teacher", env)
     if any(codes.values()):
-        raise BundleError(f"teacher scoring failed: {codes} (logs in {work / 'logs' / 'teacher'})")
+        raise BundleError(f"teacher scoring or mining failed: {codes} (logs in {work / 'logs' / 'teacher'})")
     report["teacher_s"] = elapsed()
     say(f"distill records scored at {elapsed()} s")
     if steps is None:
@@ -590,6 +600,11 @@ def unpack(result: Path, out: Path, *, export: bool = True, say=print) -> Dict[s
         raise BundleError(f"{result}: no student files (NAME-0.safetensors)")
     local = load_encoder(ZERO_SHOT)
     done = {}
+    if (result / "squad-ranking.jsonl").exists():
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copy(result / "squad-ranking.jsonl", out / "squad-ranking.jsonl")
+        say(f"mined rankings: {out / 'squad-ranking.jsonl'} (python -m training.mined squad --ranking FILE "
+            "--mined 4 … makes the recipe's 4 mined + 3 BM25 negatives from them)")
     for first in firsts:
         with safetensors.safe_open(str(first), "pt") as f:
             meta = f.metadata() or {}
@@ -661,6 +676,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--limit-mib", type=float, default=None,
                    help=f"largest bundle (default: {LIMIT_MIB} MiB less the checkout that travels beside it)")
     p.add_argument("--extra-args", default="", help="student arguments after the recipe's (tests: a tiny model)")
+    p.add_argument("--mine", nargs=2, metavar=("RECORDS", "MODEL"), default=None,
+                   help="rank RECORDS' questions against all their passages with MODEL there (default with --runs: "
+                        "squad-labels.jsonl zero-shot-128, the recipe's mining model); 'none' 'none': no mining")
     r = sub.add_parser("run", help="on the device machine (run.sh calls it)")
     r.add_argument("--bundle", type=Path, required=True)
     r.add_argument("--out", type=Path, required=True, help="where the result files go ($OUT)")
@@ -684,8 +702,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 distill += [str(args.runs / f"distill-{t}.jsonl") for t in ("nq-dev", "trivia-dev", "wiki-claims")]
             if not train:
                 raise BundleError("no training records (--runs R or --train FILE…)")
+            mine = tuple(args.mine) if args.mine else (("squad-labels.jsonl", "zero-shot-128") if args.runs else None)
             pack(args.out, train=train, distill=distill, models=args.models, precision=args.precision,
-                 wheels=args.wheels, limit_mib=args.limit_mib, extra_args=args.extra_args.split())
+                 wheels=args.wheels, limit_mib=args.limit_mib, extra_args=args.extra_args.split(),
+                 mine=None if mine == ("none", "none") else mine)
         elif args.command == "run":
             run(args.bundle, args.out, args.work, device=args.device, budget=args.budget, steps=args.steps,
                 calibration_steps=args.calibration_steps, models=args.models, threads=args.threads)

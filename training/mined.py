@@ -80,13 +80,16 @@ def squad_questions(seed: int, heldout_share: float) -> Tuple[List[tuple], List[
 class Miner:
     """Top train paragraphs of a question by the model (AGRaME index search) and by BM25."""
 
-    def __init__(self, texts: Sequence[str], model: Optional[str], index_path: Optional[Path], depth: int = 30):
+    def __init__(self, texts: Sequence[str], model: Optional[str], index_path: Optional[Path], depth: int = 30,
+                 ranking: Optional[Dict[str, List[int]]] = None):
         from benchmarks.bm25 import PoolBM25
 
         self.texts = texts
         self.depth = depth
         self.bm25 = PoolBM25(texts)
         self.index = None
+        #: question id → the model's ranking made elsewhere (``exact-rank`` on a GPU: --ranking)
+        self.ranking = ranking
         if model is not None:
             from agrame.encoder import load_encoder
             from agrame.index import Index, build_index
@@ -98,16 +101,61 @@ class Miner:
                 build_index(encoder, [(f"train-{i}", t) for i, t in enumerate(texts)], index_path)
             self.index = Index(index_path, model=encoder)
 
-    def ranked(self, questions: Sequence[str]) -> Tuple[List[List[int]], List[List[int]]]:
+    def ranked(self, questions: Sequence[str], qids: Optional[Sequence[str]] = None
+               ) -> Tuple[List[List[int]], List[List[int]]]:
         """Per question: the model's ranking (empty without a model) and BM25's, as paragraph indices."""
         docs, _ = self.bm25.retrieve(list(questions), k=self.depth)
         by_bm25 = [row.tolist() for row in docs]
         by_model: List[List[int]] = [[] for _ in questions]
+        if self.ranking is not None:
+            by_model = [list(self.ranking.get(q, []))[: self.depth] for q in (qids or [])]
         if self.index is not None:
             for k, question in enumerate(questions):
                 hits = self.index.search(question, granularity="passage", top_k=self.depth, per_hit=2)
                 by_model[k] = [int(h.passage_id.split("-", 1)[1]) for h in hits]
         return by_model, by_bm25
+
+
+def exact_rankings(model, records: Sequence[dict], depth: int = 30, device: str = "cpu", questions_per_batch: int = 32,
+                   passages_per_chunk: int = 2048) -> Iterator[Tuple[str, List[int]]]:
+    """Each record's question ranked against every distinct passage of the records (their ``pid``
+    ``train-N``) by exact MaxSim with ``model`` on ``device`` — what mining with the index search did
+    on the CPU, as one scan a GPU runs in seconds: ``(qid, [N, …])``, best first (ties by position)."""
+    import torch
+
+    from agrame import scoring
+    from agrame.ranker import Ranker
+
+    texts: Dict[int, str] = {}
+    for r in records:
+        for p in r["passages"]:
+            texts.setdefault(int(str(p["pid"]).rsplit("-", 1)[1]), p["text"])
+    pids = sorted(texts)
+    ranker = Ranker(model.to(device))
+    with torch.inference_mode():
+        encoded = model.encode_passages([texts[i] for i in pids], batch_size=64)
+        width = max(len(e.vectors) for e in encoded)
+        dim = encoded[0].vectors.shape[-1]
+        vectors = torch.zeros(len(pids), width, dim, device=device, dtype=encoded[0].vectors.dtype)
+        mask = torch.zeros(len(pids), width, dtype=torch.bool, device=device)
+        for k, e in enumerate(encoded):
+            vectors[k, :len(e.vectors)] = e.vectors.to(device)
+            mask[k, :len(e.vectors)] = True
+        del encoded
+        for lo in range(0, len(records), questions_per_batch):
+            part = records[lo:lo + questions_per_batch]
+            qs = [ranker.encode_query(r["question"], "passage")[0] for r in part]
+            q = torch.zeros(len(qs), max(len(x) for x in qs), dim, device=device, dtype=vectors.dtype)
+            q_mask = torch.zeros(q.shape[:2], dtype=torch.bool, device=device)
+            for k, x in enumerate(qs):
+                q[k, :len(x)] = x.to(device=device, dtype=vectors.dtype)
+                q_mask[k, :len(x)] = True
+            scores = torch.cat([scoring.maxsim(scoring.similarity(q[:, None], vectors[None, c:c + passages_per_chunk]),
+                                               mask[None, c:c + passages_per_chunk], q_mask[:, None])
+                                for c in range(0, len(pids), passages_per_chunk)], dim=1)
+            order = torch.sort(scores.float(), dim=1, descending=True, stable=True).indices[:, :depth].cpu()
+            for r, row in zip(part, order.tolist()):
+                yield r["qid"], [pids[i] for i in row]
 
 
 def choose_negatives(gold: int, answer: str, by_model: Sequence[int], by_bm25: Sequence[int], texts: Sequence[str],
@@ -146,7 +194,7 @@ def squad_records(items: Sequence[tuple], paragraphs: List[dict], miner: Miner, 
 
     for b in range(start - start % batch, len(items), batch):
         part = items[b:b + batch]
-        by_model, by_bm25 = miner.ranked([qa["question"] for _, qa in part])
+        by_model, by_bm25 = miner.ranked([qa["question"] for _, qa in part], [qa["id"] for _, qa in part])
         for k, ((p_index, qa), m, r) in enumerate(zip(part, by_model, by_bm25)):
             if b + k < start:
                 continue
@@ -351,6 +399,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                     help="model whose ranking gives the mined negatives (a name such as zero-shot-128 — where "
                          "training starts —, 'default', or a folder; 'none': BM25 only)")
     sq.add_argument("--index", type=Path, default=None, help="index of the train paragraphs (built if missing)")
+    sq.add_argument("--ranking", type=Path, default=None,
+                    help="the model's rankings made elsewhere instead of an index search: JSONL {qid, ranked} of "
+                         "exact-rank (on a GPU: training.bundle's run)")
+    er = sub.add_parser("exact-rank", help="rank every record's question against all the records' passages by exact "
+                                           "MaxSim (the mining scan, for a GPU)")
+    er.add_argument("--model", default="zero-shot-128")
+    er.add_argument("--records", type=Path, required=True, help="SQuAD records (training.mined squad's)")
+    er.add_argument("--out", type=Path, required=True)
+    er.add_argument("--depth", type=int, default=30)
+    er.add_argument("--device", default="cpu")
     sq.add_argument("--heldout-questions", type=int, default=2000, help="held-out questions written (of the held-out articles)")
     sf = sub.add_parser("scifact", help="SciFact train claims with rationales")
     gd = sub.add_parser("guard", help="held-out questions from outside the training mix (DPR NQ / TriviaQA dev)")
@@ -420,12 +478,31 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         kept = unseen(held, read(args.train))
         print(f"wrote {write_jsonl(kept, args.out)} of {len(held)} held-out records to {args.out}")
         return
+    if args.source == "exact-rank":
+        from agrame.encoder import load_encoder
+
+        from .data import read
+
+        records = [r for r in read(args.records) if r.get("passages")]
+        with open(args.out, "w") as f:
+            for qid, ranked in exact_rankings(load_encoder(args.model), records, args.depth, args.device):
+                f.write(json.dumps({"qid": qid, "ranked": ranked}) + "\n")
+        print(f"ranked {len(records)} questions into {args.out}")
+        return
     if args.source == "squad":
         train, heldout, paragraphs = squad_questions(args.seed, args.heldout_share)
         train = train[:args.limit] if args.limit else train
         heldout = heldout[:args.heldout_questions]
-        model = None if args.mine_model == "none" else args.mine_model
-        miner = Miner([p["context"] for p in paragraphs], model, args.index)
+        model = None if args.mine_model == "none" or args.ranking else args.mine_model
+        ranking = None
+        if args.ranking:
+            ranking = {}
+            with open(args.ranking) as f:
+                for line in f:
+                    if line.strip():
+                        row = json.loads(line)
+                        ranking[row["qid"]] = row["ranked"]
+        miner = Miner([p["context"] for p in paragraphs], model, args.index, ranking=ranking)
         for items, out in ((heldout, args.heldout), (train, args.out)):
             if out.exists():
                 print(f"{out} exists: kept")
