@@ -136,7 +136,9 @@ def exact_rankings(model, records: Sequence[dict], depth: int = 30, device: str 
         encoded = model.encode_passages([texts[i] for i in pids], batch_size=64)
         width = max(len(e.vectors) for e in encoded)
         dim = encoded[0].vectors.shape[-1]
-        vectors = torch.zeros(len(pids), width, dim, device=device, dtype=encoded[0].vectors.dtype)
+        # float16 on a GPU: half the memory (~25k paragraphs × their tokens) and twice the matmul speed
+        dtype = torch.float16 if str(device).startswith("cuda") else encoded[0].vectors.dtype
+        vectors = torch.zeros(len(pids), width, dim, device=device, dtype=dtype)
         mask = torch.zeros(len(pids), width, dtype=torch.bool, device=device)
         for k, e in enumerate(encoded):
             vectors[k, :len(e.vectors)] = e.vectors.to(device)
