@@ -39,7 +39,8 @@ from agrame.encoder import load_encoder
 from agrame.index import Index
 from agrame.index.search import SearchSettings
 from agrame.index import read_manifest
-from agrame.index.store import build_compressed, offsets_stored
+from agrame.index.store import offsets_stored
+from agrame.index.writer import build_compressed
 from agrame.ranker import _top, score_corpus
 from agrame import scoring
 

@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 
 from agrame.corpus import EncodedCorpus, Passage
 from agrame.index import Index
-from agrame.index.store import VectorSource, build_compressed
+from agrame.index.store import VectorSource
+from agrame.index.writer import build_compressed
 
 from .common import command_line, peak_rss_mb, sample, write_result
 from .data import load_questions

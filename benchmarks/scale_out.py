@@ -32,7 +32,8 @@ from tqdm.auto import tqdm
 from agrame.corpus import Passage
 from agrame.index import Index, read_manifest
 from agrame.index.sharded import (FORMAT_SHARDED, ShardedIndex, shard_name, shard_of, write_shards_manifest)
-from agrame.index.store import build_compressed, train_codec
+from agrame.index.store import train_codec
+from agrame.index.writer import build_compressed
 
 from .common import command_line, machine, sample, write_result
 from .data import load_questions

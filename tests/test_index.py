@@ -17,7 +17,7 @@ from agrame.index import Index, IndexFolderError, ResidualCodec, add_passages, b
 from agrame.index.codec import pack_bits, unpack_bits
 from agrame.index.format import check_model, index_model_name
 from agrame.index.ivf import build_ivf, merge_ivf, unique_pairs
-from agrame.index.store import build_compressed
+from agrame.index.writer import build_compressed
 from agrame.ranker import Ranker, rank_corpus
 
 TEXTS = [

@@ -23,7 +23,7 @@ from agrame.corpus import EncodedCorpus, Passage
 from agrame.index import (Index, IndexFolderError, IndexLockedError, IndexWriter, UnknownIdsError, build_index,
                           read_manifest, verify_crc)
 from agrame.index.metadata import FilterError, MetadataDB, MetadataError, compile_filter, matches, validate_metadata
-from agrame.index.store import build_compressed
+from agrame.index.writer import build_compressed
 
 from test_index import TEXTS, _synthetic
 

@@ -13,7 +13,8 @@ from agrame.corpus import Passage
 from agrame.index import Index, IndexFolderError, read_manifest
 from agrame.index.distributed import WORK_SUFFIX, build_with_ray, connect
 from agrame.index.sharded import ShardedIndex, build_sharded
-from agrame.index.store import build_compressed, train_codec
+from agrame.index.store import train_codec
+from agrame.index.writer import build_compressed
 
 from test_lifecycle import _passages
 

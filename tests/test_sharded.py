@@ -12,7 +12,7 @@ from agrame.corpus import Passage
 from agrame.index import Index, IndexFolderError, UnknownIdsError, build_index
 from agrame.index.sharded import (JOURNAL, SHARDS_FILE, ShardedIndex, ShardedWriter, build_sharded, merge_hits,
                                   open_index, read_shards, route, shard_of)
-from agrame.index.store import build_compressed
+from agrame.index.writer import build_compressed
 from agrame.ranker import ScoredSpan
 from agrame_app.cli import main
 

@@ -24,8 +24,8 @@ from .format import IndexFolderError, check_model, index_model_name, read_manife
 from .lock import IndexLockedError
 from .metadata import FilterError, MetadataError
 from .search import Index, SearchSettings
-from .store import Store, add_passages, build_compressed, verify_crc
-from .writer import IndexWriter, UnknownIdsError
+from .store import Store, verify_crc
+from .writer import IndexWriter, UnknownIdsError, add_passages, build_compressed
 
 #: Format written by :func:`build_index` unless told otherwise.
 DEFAULT_FORMAT = 2

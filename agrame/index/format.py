@@ -14,7 +14,7 @@ import os
 import re
 import zlib
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Any, Dict, NamedTuple, Optional, Union
 
 MANIFEST = "manifest.json"
 FORMAT_V1 = "agrame-index/1"
@@ -83,8 +83,6 @@ def validate_manifest(path: Path, m: dict) -> None:
     if unknown:
         bad(unknown[0][:40], "is not a manifest field")
     if m.get("search") is not None:
-        from .search import SearchSettings
-
         if not isinstance(m["search"], dict) or set(m["search"]) - set(SearchSettings._fields) \
                 or not all(_is_int(v, 1) for v in m["search"].values()):
             bad("search", f"must map {', '.join(SearchSettings._fields)} to positive integers")
@@ -117,8 +115,6 @@ def validate_manifest(path: Path, m: dict) -> None:
     if "metadata" in m and m["metadata"] != "meta.sqlite":
         bad("metadata", "must be 'meta.sqlite'")
     if "metadata_digest" in m:
-        from .metadata import valid_digest
-
         if "metadata" not in m or not valid_digest(m["metadata_digest"]):
             bad("metadata_digest", "must be the digest object of the metadata file it names")
     files = m.get("files")
@@ -153,6 +149,60 @@ def validate_manifest(path: Path, m: dict) -> None:
             bad("tombstones", f"must name a file of num_deleted × 4 bytes in 'files'")
     elif dead:
         bad("num_deleted", "is not 0 but no tombstones file is named")
+
+
+class SearchSettings(NamedTuple):
+    """Candidate-generation settings. Defaults chosen on 100 SQuAD *train* questions over the pooled
+    corpus with squad-a1 (the default then), 2-bit index (``python -m benchmarks.index_search choose``; grid in
+    benchmarks/README.md): the cheapest sentence search (top 10) whose top sentence equals the
+    exhaustive scan's on ≥ 99% of questions (nprobe 2–8, ncandidates 128), and the cheapest passage
+    search (top 100) with ≥ 97% top-100 overlap with it (nprobe 8, 1,024 = 10 per hit)."""
+
+    nprobe: int = 8
+    ncandidates: int = 128
+    #: A passage search scores at least ``per_hit × top_k`` passages exactly (PLAID's ndocs grows with k too).
+    per_hit: int = 10
+
+
+def valid_digest(d: Any) -> bool:
+    return (isinstance(d, dict) and set(d) == {"passages", "fields", "field_rows"}
+            and all(isinstance(d[k], str) and len(d[k]) == 25 and d[k].startswith("crc32sum:")
+                    and all(c in "0123456789abcdef" for c in d[k][9:]) for k in ("passages", "fields"))
+            and isinstance(d["field_rows"], int) and not isinstance(d["field_rows"], bool) and d["field_rows"] >= 0)
+
+
+# -- sharded indexes' own manifest (shards.json) --------------------------------------------
+
+FORMAT_SHARDED = "agrame-sharded/1"
+SHARDS_FILE = "shards.json"
+_SHARD_NAME = re.compile(r"shard-\d{3,6}")
+MAX_SHARDS = 4096
+
+
+def is_sharded(path: Union[str, Path]) -> bool:
+    return (Path(path) / SHARDS_FILE).is_file()
+
+
+def read_shards(path: Union[str, Path]) -> dict:
+    """The sharded index's own manifest, validated (a damaged one is named, never half-used)."""
+    path = Path(path)
+    where = path / SHARDS_FILE
+    try:
+        manifest = json.loads(where.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise IndexFolderError(f"{path} is not a sharded index (no {SHARDS_FILE})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise IndexFolderError(f"sharded index {path} is damaged: {SHARDS_FILE}: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_SHARDED:
+        raise IndexFolderError(f"sharded index {path} is damaged: {SHARDS_FILE} is not an {FORMAT_SHARDED} manifest")
+    if manifest.get("checksum") != manifest_checksum(manifest):
+        raise IndexFolderError(f"sharded index {path} is damaged: {SHARDS_FILE} checksum does not match")
+    shards, n = manifest.get("shards"), manifest.get("num_shards")
+    if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_SHARDS and isinstance(shards, list)
+            and len(shards) == n and all(isinstance(s, str) and _SHARD_NAME.fullmatch(s) for s in shards)
+            and len(set(shards)) == n):
+        raise IndexFolderError(f"sharded index {path} is damaged: {SHARDS_FILE} field 'shards'/'num_shards'")
+    return manifest
 
 
 #: The data files of a format-1 index (its manifest lists none).
@@ -295,7 +345,7 @@ def model_name(encoder) -> str:
 
 def current_default_name() -> str:
     """``model_name`` of what ``load_encoder()`` loads now: a shipped trained model, or zero-shot."""
-    from ..delta import is_delta
+    from ..encoder import is_delta
     from ..encoder import SHIPPED_MODEL
 
     return "default" if is_delta(SHIPPED_MODEL) else "zero-shot"

@@ -11,14 +11,22 @@ from typing import NamedTuple
 import numpy as np
 
 
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(s, s + n)`` for each (s, n), vectorised."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.repeat(np.asarray(starts, dtype=np.int64) - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+    return offsets + np.arange(total, dtype=np.int64)
+
+
 class InvertedFile(NamedTuple):
     offsets: np.ndarray  # [K + 1] int64: list c is pids[offsets[c]:offsets[c + 1]]
     pids: np.ndarray  # [pairs] int32, ascending within each list
 
     def lists(self, centroids: np.ndarray) -> np.ndarray:
         """Passages of every list in ``centroids``, concatenated (duplicates kept)."""
-        from .store import _ranges
-
         centroids = np.asarray(centroids, dtype=np.int64)
         starts = self.offsets[centroids]
         return np.asarray(self.pids[_ranges(starts, self.offsets[centroids + 1] - starts)], dtype=np.int64)

@@ -36,7 +36,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .format import IndexFolderError
+from .format import IndexFolderError, valid_digest
 
 METADATA_FILE = "meta.sqlite"
 #: The manifest field that records the committed rows' digest (:meth:`MetadataDB.digest`).
@@ -341,13 +341,6 @@ def add_digests(a: Optional[Mapping[str, Any]], b: Mapping[str, Any]) -> dict:
     value = lambda d, k: int(str(d[k]).split(":", 1)[1], 16)  # noqa: E731
     return _digest((value(a, "passages") + value(b, "passages")) & _MASK,
                    (value(a, "fields") + value(b, "fields")) & _MASK, int(a["field_rows"]) + int(b["field_rows"]))
-
-
-def valid_digest(d: Any) -> bool:
-    return (isinstance(d, dict) and set(d) == {"passages", "fields", "field_rows"}
-            and all(isinstance(d[k], str) and len(d[k]) == 25 and d[k].startswith("crc32sum:")
-                    and all(c in "0123456789abcdef" for c in d[k][9:]) for k in ("passages", "fields"))
-            and isinstance(d["field_rows"], int) and not isinstance(d["field_rows"], bool) and d["field_rows"] >= 0)
 
 
 class MetadataDB:

@@ -27,7 +27,7 @@ from .. import scoring
 from ..encoder import Encoder
 from ..ranker import GRANULARITIES, Ranker, ScoredSpan, rank_corpus
 from .base import BaseIndex
-from .format import FORMAT_V1, IndexFolderError, load_index_model, read_manifest
+from .format import FORMAT_V1, IndexFolderError, SearchSettings, load_index_model, read_manifest
 from .store import Store
 from .writer import DEFAULT_COMPACT_THRESHOLD
 
@@ -38,19 +38,6 @@ EXACT_CHUNK_TOKENS = 65_536
 #: Tries to open a generation while writers keep committing newer ones.
 OPEN_ATTEMPTS = 5
 _UNSET = object()
-
-
-class SearchSettings(NamedTuple):
-    """Candidate-generation settings. Defaults chosen on 100 SQuAD *train* questions over the pooled
-    corpus with squad-a1 (the default then), 2-bit index (``python -m benchmarks.index_search choose``; grid in
-    benchmarks/README.md): the cheapest sentence search (top 10) whose top sentence equals the
-    exhaustive scan's on ≥ 99% of questions (nprobe 2–8, ncandidates 128), and the cheapest passage
-    search (top 100) with ≥ 97% top-100 overlap with it (nprobe 8, 1,024 = 10 per hit)."""
-
-    nprobe: int = 8
-    ncandidates: int = 128
-    #: A passage search scores at least ``per_hit × top_k`` passages exactly (PLAID's ndocs grows with k too).
-    per_hit: int = 10
 
 
 class Index(BaseIndex):

@@ -36,17 +36,14 @@ from ..encoder import Encoder
 from ..ranker import ScoredSpan
 from .base import BaseIndex
 from .codec import ResidualCodec
-from .format import IndexFolderError, manifest_checksum, model_block, read_manifest, write_manifest
+from .format import (FORMAT_SHARDED, MAX_SHARDS, SHARDS_FILE, _SHARD_NAME, IndexFolderError, is_sharded,
+                     manifest_checksum, model_block, read_manifest, read_shards, write_manifest)
 from .lock import WriterLock
 from .metadata import parse_filter
 from .store import CompressedBlock, compress_block, train_codec, write_blocks
 from .writer import DEFAULT_COMPACT_THRESHOLD, IndexWriter, UnknownIdsError, build_new_folder, check_passages
 
-FORMAT_SHARDED = "agrame-sharded/1"
-SHARDS_FILE = "shards.json"
 JOURNAL = "journal.json"
-_SHARD_NAME = re.compile(r"shard-\d{3,6}")
-MAX_SHARDS = 4096
 
 
 def shard_of(passage_id: str, num_shards: int) -> int:
@@ -58,32 +55,6 @@ def shard_of(passage_id: str, num_shards: int) -> int:
 
 def shard_name(s: int) -> str:
     return f"shard-{s:03d}"
-
-
-def is_sharded(path: Union[str, Path]) -> bool:
-    return (Path(path) / SHARDS_FILE).is_file()
-
-
-def read_shards(path: Union[str, Path]) -> dict:
-    """The sharded index's own manifest, validated (a damaged one is named, never half-used)."""
-    path = Path(path)
-    where = path / SHARDS_FILE
-    try:
-        manifest = json.loads(where.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise IndexFolderError(f"{path} is not a sharded index (no {SHARDS_FILE})") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise IndexFolderError(f"sharded index {path} is damaged: {SHARDS_FILE}: {exc}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_SHARDED:
-        raise IndexFolderError(f"sharded index {path} is damaged: {SHARDS_FILE} is not an {FORMAT_SHARDED} manifest")
-    if manifest.get("checksum") != manifest_checksum(manifest):
-        raise IndexFolderError(f"sharded index {path} is damaged: {SHARDS_FILE} checksum does not match")
-    shards, n = manifest.get("shards"), manifest.get("num_shards")
-    if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_SHARDS and isinstance(shards, list)
-            and len(shards) == n and all(isinstance(s, str) and _SHARD_NAME.fullmatch(s) for s in shards)
-            and len(set(shards)) == n):
-        raise IndexFolderError(f"sharded index {path} is damaged: {SHARDS_FILE} field 'shards'/'num_shards'")
-    return manifest
 
 
 def write_shards_manifest(folder: Path, manifest: dict) -> None:

@@ -48,7 +48,7 @@ from ..spans import normalize_span, sorted_token_segments, split_sentences
 from .codec import ResidualCodec, num_centroids
 from .format import (FORMAT_V2, MANIFEST, IndexFolderError, check_files, crc32_file, ivf_generation,
                      model_block, read_manifest, store_root)
-from .ivf import InvertedFile, build_ivf, merge_ivf, unique_pairs
+from .ivf import InvertedFile, _ranges, build_ivf, merge_ivf, unique_pairs
 from .metadata import DIGEST_FIELD, METADATA_FILE, MetadataDB
 
 TOKEN_DTYPE = np.dtype([("start", "<i4"), ("length", "<u2")])
@@ -67,16 +67,6 @@ POINTS_PER_CENTROID = 8
 #: Filter masks a generation keeps (:meth:`Store.allowed`).
 FILTER_CACHE = 64
 KMEANS_NITER = 8
-
-
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenated ``arange(s, s + n)`` for each (s, n), vectorised."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    offsets = np.repeat(np.asarray(starts, dtype=np.int64) - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
-    return offsets + np.arange(total, dtype=np.int64)
 
 
 class _Appender:
@@ -319,42 +309,6 @@ def _codec_files(folder: Path, codec: ResidualCodec, files: Dict[str, dict]) -> 
 def _ivf_files(folder: Path, ivf: InvertedFile, generation: int, files: Dict[str, dict]) -> None:
     _write_fixed(folder, f"ivf-{generation}.offsets.bin", ivf.offsets.astype("<i8").tobytes(), files)
     _write_fixed(folder, f"ivf-{generation}.pids.bin", ivf.pids.astype("<i4").tobytes(), files)
-
-
-def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | Path, *, nbits: int = 2,
-                     batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
-                     progress: bool = True, sentences: Optional[Sequence] = None,
-                     codec: Optional[ResidualCodec] = None, encoded: Optional[EncodedCorpus] = None,
-                     seed: int = 0, store_offsets: bool = False, lock_timeout: float = 0.0) -> Path:
-    """Write an ``agrame-index/2`` folder, streaming: encode a chunk, compress it, append it.
-
-    ``codec`` reuses given centroids and buckets (e.g. another index's); ``encoded`` takes
-    vectors already computed for ``passages`` (same order) instead of encoding them: an
-    :class:`EncodedCorpus`, or any object with ``num_tokens``, ``sample_vectors(n, seed)`` and
-    ``chunks(passages, chunk_passages, bar)`` (see :class:`VectorSource`; e.g. generated vectors).
-    Token offsets are recomputed by searches from the text (``encoder.passage_offsets``; those of
-    ``encoded`` vectors are checked against it at build time) unless ``store_offsets``.
-
-    A new folder is written under a temporary name beside ``path`` and renamed into place; with
-    ``overwrite``, an existing *index* is replaced in place, under its writer lock, as a new
-    generation (:meth:`agrame.index.writer.IndexWriter.rebuild`): the path always holds the old or
-    the new index. A folder that is not an index is never replaced.
-    """
-    from .writer import IndexWriter, build_new_folder, check_passages
-
-    path = Path(path)
-    passages = check_passages(passages)
-    if not passages:
-        raise IndexFolderError("no passages to index")
-    if sentences is not None and len(sentences) != len(passages):
-        raise ValueError(f"sentences: {len(sentences)} lists for {len(passages)} passages")
-    options = dict(nbits=nbits, batch_size=batch_size, chunk_passages=chunk_passages, progress=progress,
-                   sentences=sentences, codec=codec, encoded=encoded, seed=seed, store_offsets=store_offsets)
-    if build_new_folder(path, overwrite, lambda folder: write_store(folder, encoder, passages, **options)):
-        return path
-    with IndexWriter(path, lock_timeout=lock_timeout) as writer:
-        writer.rebuild(encoder, passages, **options)
-    return path
 
 
 def write_store(folder: Path, encoder: Encoder, passages: Sequence[Passage], *, nbits: int = 2,
@@ -773,18 +727,6 @@ class Store:
                            if include_text or name not in text)
 
 
-def add_passages(path: str | Path, encoder: Encoder, passages: Sequence[Passage], *, batch_size: int = 16,
-                 chunk_passages: int = 1024, progress: bool = True,
-                 sentences: Optional[Sequence] = None, lock_timeout: float = 0.0) -> dict:
-    """Append passages (new ids only) to an ``agrame-index/2`` folder with its centroids, as one new
-    generation, under the writer lock (:class:`agrame.index.writer.IndexWriter`). Returns the new manifest."""
-    from .writer import IndexWriter
-
-    with IndexWriter(path, lock_timeout=lock_timeout) as writer:
-        return writer.add(encoder, passages, batch_size=batch_size, chunk_passages=chunk_passages,
-                          progress=progress, sentences=sentences)
-
-
 def verify_crc(path: str | Path) -> None:
     """Checksum every file of a compressed index (also the large ones ``open`` only sizes), and run
     SQLite's integrity check on its metadata file."""
@@ -807,5 +749,4 @@ def verify_crc(path: str | Path) -> None:
             raise IndexFolderError(f"index {path} is damaged: {manifest['metadata']}: {exc}") from None
 
 
-__all__ = ["Store", "build_compressed", "add_passages", "offsets_stored", "train_codec", "verify_crc", "crc32_file",
-           "write_store"]
+__all__ = ["Store", "offsets_stored", "train_codec", "verify_crc", "crc32_file", "write_store"]

@@ -35,15 +35,16 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from ..corpus import Passage, as_passages
+from ..corpus import EncodedCorpus, Passage, as_passages
 from ..encoder import Encoder
 from .format import (FORMAT_V2, MANIFEST, V1_FILES, IndexFolderError, check_layout, check_model, crc32_file,
-                     ivf_generation, read_index, read_manifest, store_root, write_manifest)
-from .ivf import build_ivf, merge_ivf, unique_pairs
+                     ivf_generation, read_index, read_manifest, read_shards, store_root, write_manifest)
+from .codec import ResidualCodec
+from .ivf import _ranges, build_ivf, merge_ivf, unique_pairs
 from .lock import LOCK_FILE, WriterLock, build_lock, pid_alive
 from .metadata import DIGEST_FIELD, METADATA_FILE, MetadataDB, add_digests, validate_metadata
 from .store import (APPEND_FILES, SENTENCE_TOKENS_FILE, TOKENS_FILE, Store, _Appender, _ChunkWriter, _codec_files,
-                    _encode_chunks, _ivf_files, _ranges, _write_fixed, append_files, offsets_stored, write_store)
+                    _encode_chunks, _ivf_files, _write_fixed, append_files, offsets_stored, write_store)
 
 log = logging.getLogger("agrame.index")
 
@@ -200,8 +201,6 @@ def prove_index(path: Path) -> str:
     """``"sharded"`` or the format of the index at ``path``, proven by its whole layout (every
     shard's too), or :class:`IndexFolderError` saying why it is not one."""
     if (path / "shards.json").is_file():
-        from .sharded import read_shards
-
         for shard in read_shards(path)["shards"]:
             read_index(path / shard)
         return "sharded"
@@ -212,8 +211,6 @@ def foreign_entries(path: Path, kind: str) -> List[str]:
     """Entries of an index folder that its format does not own (a user's files put inside it):
     what replacing the folder whole would delete."""
     if kind == "sharded":
-        from .sharded import read_shards
-
         owned = {MANIFEST, LOCK_FILE, "shards.json", "journal.json", *read_shards(path)["shards"]}
     elif kind == FORMAT_V2:
         return []  # rebuilt in place: collect_garbage removes only what is AGRaME's
@@ -666,9 +663,53 @@ class IndexWriter:
         return new
 
 
+def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | Path, *, nbits: int = 2,
+                     batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
+                     progress: bool = True, sentences: Optional[Sequence] = None,
+                     codec: Optional[ResidualCodec] = None, encoded: Optional[EncodedCorpus] = None,
+                     seed: int = 0, store_offsets: bool = False, lock_timeout: float = 0.0) -> Path:
+    """Write an ``agrame-index/2`` folder, streaming: encode a chunk, compress it, append it.
+
+    ``codec`` reuses given centroids and buckets (e.g. another index's); ``encoded`` takes
+    vectors already computed for ``passages`` (same order) instead of encoding them: an
+    :class:`EncodedCorpus`, or any object with ``num_tokens``, ``sample_vectors(n, seed)`` and
+    ``chunks(passages, chunk_passages, bar)`` (see :class:`VectorSource`; e.g. generated vectors).
+    Token offsets are recomputed by searches from the text (``encoder.passage_offsets``; those of
+    ``encoded`` vectors are checked against it at build time) unless ``store_offsets``.
+
+    A new folder is written under a temporary name beside ``path`` and renamed into place; with
+    ``overwrite``, an existing *index* is replaced in place, under its writer lock, as a new
+    generation (:meth:`agrame.index.writer.IndexWriter.rebuild`): the path always holds the old or
+    the new index. A folder that is not an index is never replaced.
+    """
+    path = Path(path)
+    passages = check_passages(passages)
+    if not passages:
+        raise IndexFolderError("no passages to index")
+    if sentences is not None and len(sentences) != len(passages):
+        raise ValueError(f"sentences: {len(sentences)} lists for {len(passages)} passages")
+    options = dict(nbits=nbits, batch_size=batch_size, chunk_passages=chunk_passages, progress=progress,
+                   sentences=sentences, codec=codec, encoded=encoded, seed=seed, store_offsets=store_offsets)
+    if build_new_folder(path, overwrite, lambda folder: write_store(folder, encoder, passages, **options)):
+        return path
+    with IndexWriter(path, lock_timeout=lock_timeout) as writer:
+        writer.rebuild(encoder, passages, **options)
+    return path
+
+
+def add_passages(path: str | Path, encoder: Encoder, passages: Sequence[Passage], *, batch_size: int = 16,
+                 chunk_passages: int = 1024, progress: bool = True,
+                 sentences: Optional[Sequence] = None, lock_timeout: float = 0.0) -> dict:
+    """Append passages (new ids only) to an ``agrame-index/2`` folder with its centroids, as one new
+    generation, under the writer lock (:class:`agrame.index.writer.IndexWriter`). Returns the new manifest."""
+    with IndexWriter(path, lock_timeout=lock_timeout) as writer:
+        return writer.add(encoder, passages, batch_size=batch_size, chunk_passages=chunk_passages,
+                          progress=progress, sentences=sentences)
+
+
 def _folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-__all__ = ["DEFAULT_COMPACT_THRESHOLD", "IndexWriter", "UnknownIdsError", "build_new_folder", "check_passages",
-           "collect_garbage"]
+__all__ = ["DEFAULT_COMPACT_THRESHOLD", "IndexWriter", "UnknownIdsError", "add_passages", "build_compressed",
+           "build_new_folder", "check_passages", "collect_garbage"]
