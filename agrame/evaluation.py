@@ -7,7 +7,7 @@ Passage- and sentence-level runs are evaluated alike: qrels name sentences as ru
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, Sequence
+from typing import Dict, Mapping, Optional, Sequence
 
 DEFAULT_MEASURES = ("nDCG@10", "R@100", "RR@10", "P@1")
 
@@ -33,6 +33,50 @@ def parse_measures(names: Sequence[str]) -> list:
         except (NameError, ValueError, TypeError, SyntaxError) as exc:
             raise EvaluationError(f"unknown measure {name!r} ({exc}); e.g. {' '.join(DEFAULT_MEASURES)}") from None
     return out
+
+
+def granularity(docid: str) -> str:
+    """``passage`` for a passage id, ``sentence`` for ``PASSAGE#START:END`` (a sentence or span: a
+    passage id's own ``#`` is always percent-encoded, :mod:`agrame.runs`)."""
+    return "sentence" if "#" in docid else "passage"
+
+
+def check_granularity(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mapping[str, int]]) -> None:
+    """Refuse a run whose docids are of another granularity than the qrels' (every docid would count
+    as unjudged: 0.0 on every measure, silently)."""
+    def kinds(table) -> Dict[str, str]:
+        out: Dict[str, str] = {}
+        for docs in table.values():
+            for d in docs:
+                out.setdefault(granularity(d), d)
+        return out
+
+    in_run, in_qrels = kinds(run), kinds(qrels)
+    if in_run and in_qrels and not set(in_run) & set(in_qrels):
+        (r, rd), (q, qd) = next(iter(in_run.items())), next(iter(in_qrels.items()))
+        raise EvaluationError(f"the run ranks {r}s (e.g. {rd!r}) but the qrels judge {q}s (e.g. {qd!r}): evaluate a "
+                              f"{q} run (agrame search -g {q} --run FILE) or qrels that judge {r}s")
+
+
+def span_mismatch(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mapping[str, int]]) -> Optional[str]:
+    """A warning when most judged sentences whose passage the run ranks are not among the run's own
+    sentence ids: the qrels' sentence spans are not AGRaME's (e.g. another sentence splitter), so
+    hits on the right sentence would count as misses."""
+    near = exact = 0
+    for qid, judged in qrels.items():
+        ranked = run.get(qid, {})
+        if not ranked:
+            continue
+        passages = {d.split("#", 1)[0] for d in ranked}
+        for d in judged:
+            if "#" in d and d.split("#", 1)[0] in passages:
+                near += 1
+                exact += d in ranked
+    if near >= 10 and exact < near / 2:
+        return (f"of {near} judged sentences whose passage the run ranks, only {exact} are among its sentence ids: "
+                "sentence qrels must name AGRaME's own sentence spans (agrame.spans.split_sentences, as an index "
+                "stores them), not another splitter's")
+    return None
 
 
 def evaluate(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mapping[str, int]],

@@ -578,7 +578,7 @@ def _search_batch(args, options: dict) -> int:
 
 
 def _cmd_evaluate(args) -> int:
-    from agrame.evaluation import evaluate, parse_measures
+    from agrame.evaluation import check_granularity, evaluate, parse_measures, span_mismatch
     from agrame.runs import read_qrels, read_run
 
     measures = args.measures.split()
@@ -586,6 +586,10 @@ def _cmd_evaluate(args) -> int:
         raise UsageError("--measures is empty")
     parse_measures(measures)  # an unknown measure fails before the files are read
     run, qrels = read_run(args.run), read_qrels(args.qrels)
+    check_granularity(run, qrels)  # EvaluationError (a ValueError): exit 2
+    warning = span_mismatch(run, qrels)
+    if warning:
+        print(f"agrame: warning: {warning}", file=sys.stderr)
     mean, per = evaluate(run, qrels, measures, per_query=True)
     if args.format == "jsonl":
         if args.per_query:

@@ -118,6 +118,30 @@ def test_cli_batch_search_to_a_run_and_evaluate(tmp_path, index, tiny_model_dir,
     assert [x["qid"] for x in lines] == ["0", "1", "2", "3", "4"] and all(len(x["results"]) == 3 for x in lines)
 
 
+def test_evaluate_refuses_a_run_of_another_granularity_and_warns_on_foreign_spans(tmp_path, capsys):
+    from agrame.evaluation import check_granularity, span_mismatch
+
+    passages = tmp_path / "run-p.trec"
+    passages.write_text("".join(f"q{i} Q0 p{i} 1 2.0 x\nq{i} Q0 p{i + 1} 2 1.0 x\n" for i in range(12)))
+    sentence_qrels = tmp_path / "s.qrels"
+    sentence_qrels.write_text("".join(f"q{i} 0 p{i}#0:20 1\n" for i in range(12)))
+    code = main(["evaluate", "--run", str(passages), "--qrels", str(sentence_qrels), "--measures", "P@1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "the run ranks passages (e.g. 'p0')" in err and "qrels judge sentences (e.g. 'p0#0:20')" in err
+    # sentences both sides, but the qrels' spans are another splitter's: a warning, and the numbers still come
+    sentences = tmp_path / "run-s.trec"
+    sentences.write_text("".join(f"q{i} Q0 p{i}#0:25 1 2.0 x\nq{i} Q0 p{i}#26:40 2 1.0 x\n" for i in range(12)))
+    assert main(["evaluate", "--run", str(sentences), "--qrels", str(sentence_qrels), "--measures", "P@1"]) == 0
+    assert "sentence qrels must name AGRaME's own sentence spans" in capsys.readouterr().err
+    matching = tmp_path / "ok.qrels"
+    matching.write_text("".join(f"q{i} 0 p{i}#0:25 1\n" for i in range(12)))
+    assert main(["evaluate", "--run", str(sentences), "--qrels", str(matching), "--measures", "P@1"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    # mixed qrels (passages and sentences) are not refused
+    check_granularity({"q": {"p1": 1.0}}, {"q": {"p1": 1, "p1#0:3": 1}})
+    assert span_mismatch({"q": {"p1#0:3": 1.0}}, {"q": {"p1#0:4": 1}}) is None  # too few to say
+
+
 def _write_passages(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"id": p.id, "text": p.text}) + "\n" for p in _passages(30, meta=False)))
