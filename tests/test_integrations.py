@@ -91,7 +91,17 @@ def test_langchain_retriever_over_agrame_serve(server, index_dir, tiny_model_dir
                                        top_k=3).invoke(QUERY)
     assert [(d.metadata["doc_id"], round(d.metadata["score"], 4)) for d in remote] == \
         [(d.metadata["doc_id"], round(d.metadata["score"], 4)) for d in local]
-    with pytest.raises(RuntimeError, match="answered 400"):
+    # the passage's own metadata over the wire too (it was always {} from a URL)
+    assert [d.metadata["metadata"] for d in remote] == [d.metadata["metadata"] for d in local]
+    assert all(d.metadata["metadata"]["source"] in ("wiki", "news") for d in remote)
+    # the same exception type from a URL as from a folder
+    from agrame.index import FilterError
+
+    for where in (server, index_dir):
+        with pytest.raises(FilterError, match="bogus"):
+            AgrameRetriever.from_index(where, model=None if where == server else str(tiny_model_dir),
+                                       filter={"$bogus": 1}).invoke(QUERY)
+    with pytest.raises(FilterError, match="answered 400"):
         AgrameRetriever.from_index(server, filter={"$bogus": 1}).invoke(QUERY)
 
 

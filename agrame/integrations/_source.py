@@ -77,6 +77,18 @@ class LocalSource(SearchSource):
                     best.get(h.passage_id), self.index.metadata(h.passage_id) or {}) for h in hits]
 
 
+def _error(where: str, status: int, message: str) -> Exception:
+    """The exception a folder would have raised for the same request: a bad filter is a
+    :class:`~agrame.index.FilterError` (the server's message names the ``filter``), other refused
+    input a ``ValueError``, anything else (503, 5xx, auth) a ``RuntimeError``."""
+    text = f"{where} answered {status}: {message}"
+    if status in (400, 413, 422):
+        from ..index.metadata import FilterError
+
+        return FilterError(text) if message.startswith("filter") else ValueError(text)
+    return RuntimeError(text)
+
+
 class RemoteSource(SearchSource):
     """A running ``agrame serve`` (``POST /search`` with ``explain``, which carries each passage's
     best sentence). ``api_key``: for a server started with ``--protect-reads``."""
@@ -103,7 +115,7 @@ class RemoteSource(SearchSource):
                 message = json.loads(exc.read()).get("error", exc.reason)
             except (ValueError, AttributeError):
                 message = exc.reason
-            raise RuntimeError(f"{self.url}/search answered {exc.code}: {message}") from None
+            raise _error(f"{self.url}/search", exc.code, str(message)) from None
         out = []
         for r in data["results"]:
             best = r.get("best_sentence")

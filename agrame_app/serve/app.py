@@ -333,10 +333,12 @@ class _Error(Exception):
         self.status, self.message = status, message
 
 
-def _hit(h, explanation=None) -> dict:
+def _hit(h, explanation=None, metadata=None) -> dict:
     out = {"passage_id": h.passage_id, "start": h.start, "end": h.end, "score": h.score,
            "span_score": h.span_score, "passage_score": h.passage_score, "text": h.text,
            "pieces": [list(p) for p in h.pieces]}
+    if metadata is not None:  # a passage of the index: its metadata, as GET /passages/{id} gives it
+        out["metadata"] = metadata
     if explanation is not None:
         e = explanation.to_json()
         out["passage_text"] = e["text"]
@@ -346,6 +348,12 @@ def _hit(h, explanation=None) -> dict:
         best = e["best_sentence"]
         out["best_sentence"] = None if best is None else [e["sentences"][best]["start"], e["sentences"][best]["end"]]
     return out
+
+
+def _metadata(idx, passage_id: str) -> dict:
+    """A hit's passage metadata (an index without any: {})."""
+    get = getattr(idx, "metadata", None)
+    return (get(passage_id) or {}) if get is not None else {}
 
 
 def _explained(hits, explain_all) -> dict:
@@ -539,7 +547,7 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
             hits = idx.search(req.query, req.granularity, top_k=req.top_k, nprobe=req.nprobe,
                               ncandidates=req.ncandidates, filter=req.filter, **partial)
             explained = _explained(hits, lambda ids: idx.explain_all(req.query, ids)) if req.explain else {}
-        results = [_hit(h, explained.get(h.passage_id)) for h in hits]
+        results = [_hit(h, explained.get(h.passage_id), _metadata(idx, h.passage_id)) for h in hits]
         out = {"query": req.query, "granularity": req.granularity, "generation": idx.manifest.get("generation", 1),
                "passages": len(idx), "ms": round(1000 * (time.perf_counter() - started), 1), "results": results}
         if getattr(hits, "missing_shards", None):
@@ -561,7 +569,7 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
             hits = idx.rank_ids(req.query, req.ids, req.granularity, top_k=req.top_k, filter=req.filter)
             explained = _explained(hits, lambda ids: idx.explain_all(req.query, ids)) if req.explain else {}
             return {"query": req.query, "granularity": req.granularity, "generation": idx.manifest.get("generation", 1),
-                    "results": [_hit(h, explained.get(h.passage_id)) for h in hits]}
+                    "results": [_hit(h, explained.get(h.passage_id), _metadata(idx, h.passage_id)) for h in hits]}
         if req.filter is not None:
             raise _Error(400, "filter applies to passages of the index (ids), not to given passages")
         passages = _passages(req.passages, limits)
