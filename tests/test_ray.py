@@ -210,3 +210,31 @@ def test_a_build_on_a_cluster_whose_cpus_are_held_is_a_clear_error(ray_sharded, 
         build_with_ray(tiny_model_dir, _corpus(), tmp_path / "busy", codec=codec, progress=False,
                        resource_wait=2)
     assert not (tmp_path / "busy").exists()
+
+
+class _FakeRay:
+    """What default_workers reads of a cluster: totals, what is free, and each node's CPUs."""
+
+    def __init__(self, nodes, free):
+        self._nodes, self._free = nodes, free
+
+    def cluster_resources(self):
+        return {"CPU": float(sum(self._nodes))}
+
+    def available_resources(self):
+        return {"CPU": float(self._free)}
+
+    def nodes(self):
+        return [{"Alive": True, "Resources": {"CPU": float(n)}} for n in self._nodes]
+
+
+def test_actor_sizes_fit_the_nodes_not_the_cluster_total():
+    from agrame.index.distributed import default_workers
+
+    # two nodes of one CPU each: two actors of one CPU (a 2-CPU actor would wait forever)
+    assert default_workers(_FakeRay([1, 1], 2), wait=0) == (2, 0, 1)
+    assert default_workers(_FakeRay([1, 1, 1], 3), workers=1, wait=0) == (1, 0, 1)
+    # one node of two (or more): as before, one actor per two CPUs
+    assert default_workers(_FakeRay([2], 2), wait=0) == (1, 0, 2)
+    assert default_workers(_FakeRay([4, 4], 8), wait=0) == (4, 0, 2)
+    assert default_workers(_FakeRay([8], 8), workers=2, wait=0) == (2, 0, 4)

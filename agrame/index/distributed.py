@@ -80,8 +80,9 @@ class ClusterBusyError(ValueError):
 
 
 def default_workers(ray, workers: Optional[int] = None, wait: float = 30.0) -> tuple:
-    """(actors, GPUs per actor, CPUs per actor): one actor per free GPU, else one per two free CPUs;
-    the free CPUs shared evenly among the actors (torch threads per actor = its CPUs).
+    """(actors, GPUs per actor, CPUs per actor): one actor per free GPU, else one per two free CPUs
+    (one per CPU on nodes of one CPU); the free CPUs shared evenly among the actors, no actor asking
+    for more than the largest node has (torch threads per actor = its CPUs).
 
     *Free*, not total: actors that live on (a server's shard actors) keep their CPUs, and an actor
     pool sized by the total would wait for them forever. Actors that are ending (a previous pool)
@@ -105,8 +106,12 @@ def default_workers(ray, workers: Optional[int] = None, wait: float = 30.0) -> t
         raise ClusterBusyError(f"the Ray cluster has no free CPU ({total.get('CPU', 0):g} in all, "
                                f"{free.get('CPU', 0):g} free): stop other actors (a running agrame serve "
                                "--ray holds its shard actors) or add nodes")
-    actors = min(workers or max(1, cpus // 2), cpus)
-    return actors, 0, max(1, cpus // actors)
+    # An actor's CPUs must fit on one node: on nodes of 1 CPU each a 2-CPU actor is never placed and the
+    # build would wait forever (Ray shows it only as a pending demand).
+    largest = max([int(n.get("Resources", {}).get("CPU", 0)) for n in ray.nodes() if n.get("Alive", True)] or [1])
+    largest = max(1, largest)
+    actors = min(workers or max(1, cpus // min(2, largest)), cpus)
+    return actors, 0, max(1, min(cpus // actors, largest))
 
 
 class EncodeBlocks:
