@@ -238,3 +238,15 @@ def test_actor_sizes_fit_the_nodes_not_the_cluster_total():
     assert default_workers(_FakeRay([2], 2), wait=0) == (1, 0, 2)
     assert default_workers(_FakeRay([4, 4], 8), wait=0) == (4, 0, 2)
     assert default_workers(_FakeRay([8], 8), workers=2, wait=0) == (2, 0, 4)
+
+
+def test_shard_actor_sizes_let_every_shard_fit():
+    import math
+
+    from agrame.index.distributed import shard_cpus
+
+    for nodes, shards in (([1, 1], 3), ([1, 1], 2), ([2], 8), ([1, 1], 5), ([4, 1], 4), ([16], 2)):
+        cpus = shard_cpus(nodes, shards)
+        assert sum(math.floor(n / cpus + 1e-9) for n in nodes) >= shards, (nodes, shards, cpus)
+        assert cpus <= 1
+    assert shard_cpus([1, 1], 3) == 0.5 and shard_cpus([16], 2, threads=4) == 4

@@ -79,6 +79,17 @@ class ClusterBusyError(ValueError):
     """The Ray cluster has no free CPU (or GPU) for an encoder actor."""
 
 
+def shard_cpus(node_cpus: Sequence[float], shards: int, threads: int = 1) -> float:
+    """CPUs each shard actor reserves: its threads where the nodes have them, else a share small enough
+    that ``shards`` actors spread over the nodes all fit — ceil(S / nodes) of them on the smallest node
+    (8 shards on a 2-CPU machine still all start; they mostly wait on the network and on each other).
+    A share of the cluster's total is not enough: 3 shards on two 1-CPU nodes asked 0.667 CPU each, and
+    only one fitted on a node."""
+    nodes = [c for c in node_cpus if c > 0] or [1.0]
+    per_node = -(-shards // len(nodes))
+    return min(float(threads), min(nodes) / per_node)
+
+
 def default_workers(ray, workers: Optional[int] = None, wait: float = 30.0) -> tuple:
     """(actors, GPUs per actor, CPUs per actor): one actor per free GPU, else one per two free CPUs
     (one per CPU on nodes of one CPU); the free CPUs shared evenly among the actors, no actor asking
@@ -420,9 +431,8 @@ class RayShardedIndex(ShardedWrites, BaseIndex):
             actor_model = self.encoder  # an Encoder object given here: the actors receive it pickled
         remote = ray.remote(max_restarts=-1, max_task_retries=0)(ShardActor)
         self.timeout = timeout
-        # Each actor reserves its threads where the cluster has them, else an equal share (8 shards on a
-        # 2-CPU machine still all start; they mostly wait on the network and on each other).
-        cpus = min(float(threads_per_shard), float(ray.cluster_resources().get("CPU", 1)) / self.num_shards)
+        node_cpus = [float(n.get("Resources", {}).get("CPU", 0)) for n in ray.nodes() if n.get("Alive", True)]
+        cpus = shard_cpus(node_cpus, self.num_shards, threads_per_shard)
         if placement is not None and len(placement) != self.num_shards:
             raise ValueError(f"placement: {len(placement)} entries for {self.num_shards} shards")
         # ``placement``: custom resources per shard (e.g. {"node-b": 1}) pin a shard's actor to the node
@@ -431,7 +441,17 @@ class RayShardedIndex(ShardedWrites, BaseIndex):
                                                         {"scheduling_strategy": "SPREAD"}))
                        .remote(str(self.path / name), actor_model, threads_per_shard)
                        for i, name in enumerate(self.shards_manifest["shards"])]
-        ray.get([a.ready.remote() for a in self.actors], timeout=timeout)
+        try:
+            ray.get([a.ready.remote() for a in self.actors], timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            ready, _ = ray.wait([a.ready.remote() for a in self.actors], num_returns=len(self.actors), timeout=1)
+            started = set(ready)
+            offers = ", ".join(f"{c:g}" for c in node_cpus) or "none"
+            free = float(ray.available_resources().get("CPU", 0))
+            raise ClusterBusyError(
+                f"{self.num_shards - len(started)} of {self.num_shards} shard actors did not start within "
+                f"{timeout:g} s: each asks for {cpus:g} CPU, the nodes offer {offers} CPU ({free:g} free); "
+                "add nodes or stop other actors") from None
 
     def wait_ready(self, timeout: Optional[float] = None) -> None:
         """Block until every shard actor answers (e.g. after Ray restarted one)."""
