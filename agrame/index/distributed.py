@@ -247,6 +247,12 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
 
     ``model``: what :func:`agrame.encoder.load_encoder` takes (a folder or shipped name; every actor
     loads it). ``codec``: given centroids and buckets (else trained on a sample, on the driver).
+
+    **When the bytes equal a local build's**: given the same ``codec`` (and passages, model, nbits,
+    shards), every file is byte for byte the local build's (tested). Without one, both train the same
+    codec from the same sample, but the local build then reuses the sample's encodings while the
+    actors encode every passage in their own batches: float vectors ~3e-7 apart, so a handful of
+    residual bytes can differ (8 of 6.8 M measured) — the answers are the same, the bytes are not.
     ``resource_wait``: seconds to wait for a free CPU (GPU) before :class:`ClusterBusyError`.
     Returns ``path``; the stats of the run are in ``build_with_ray.last_stats``.
     """
