@@ -26,3 +26,6 @@ from .encoder import (  # noqa: F401
     is_delta,
     load_delta,
 )
+
+__all__ = ["BASE_E5", "BASE_MINILM", "DELTA_FILE", "DELTA_FORMAT", "DELTA_META", "_EMBEDDINGS",
+           "_load_base", "_quantize", "export_delta", "is_delta", "load_delta"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -15,20 +14,14 @@ from pathlib import Path
 import pytest
 
 from agrame.corpus import Passage
-from agrame.index import Index, IndexFolderError, IndexLockedError, IndexWriter, build_index
+from agrame.index import Index, IndexFolderError, IndexWriter, build_index
 from agrame.index.format import read_manifest
-from agrame.index.lock import build_lock
 from agrame.index.metadata import MetadataDB
 from agrame.index.store import verify_crc
 from agrame.index.writer import build_new_folder
 from agrame_app.cli import main
 
-TEXTS = ["Coral reefs bleach when the water warms. Algae leave the coral.",
-         "The Great Barrier Reef is the largest reef system. It lies off Australia.",
-         "Ocean acidification weakens coral skeletons. Carbon dioxide dissolves in seawater.",
-         "Fish shelter in reefs. Many species depend on them.",
-         "Sea turtles graze on seagrass. They nest on sandy beaches.",
-         "Mangroves protect coasts from storms. Their roots trap sediment."]
+from benchmarks.safety import TEXTS  # (the probes' corpus: one list for both)
 
 
 def _passages(tag: str = "p", n: int = len(TEXTS)):

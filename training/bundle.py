@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import lzma
 import os
@@ -194,8 +193,6 @@ def _base_parts(precision: str, texts: Optional[Sequence[str]] = None) -> Tuple[
     """θ₀ — the backbone ``load_encoder("zero-shot")`` loads — as config/tokenizer files and its
     state_dict in ``precision`` (xz; with ``texts``, of the embedding matrix only the rows their
     tokens use), and that model's fingerprint (what a result must match)."""
-    import safetensors.torch as st
-
     from agrame.encoder import ZERO_SHOT, load_encoder
 
     encoder = load_encoder(ZERO_SHOT)

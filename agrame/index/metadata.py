@@ -485,6 +485,6 @@ class MetadataDB:
         return [found[p] for p in positions]
 
 
-__all__ = ["DIGEST_FIELD", "FilterError", "MetadataDB", "add_digests", "MetadataError", "compile_filter", "is_empty",
+__all__ = ["DIGEST_FIELD", "FilterError", "MetadataDB", "add_digests", "valid_digest", "MetadataError", "compile_filter", "is_empty",
            "matches", "parse_filter",
            "validate_metadata", "METADATA_FILE"]

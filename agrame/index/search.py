@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import weakref
 from pathlib import Path
-from typing import List, NamedTuple, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 import numpy as np
 import torch

@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,7 +35,7 @@ from ..encoder import Encoder
 from ..ranker import ScoredSpan
 from .base import BaseIndex
 from .codec import ResidualCodec
-from .format import (FORMAT_SHARDED, MAX_SHARDS, SHARDS_FILE, _SHARD_NAME, IndexFolderError, is_sharded,
+from .format import (FORMAT_SHARDED, MAX_SHARDS, SHARDS_FILE, IndexFolderError, is_sharded,
                      manifest_checksum, model_block, read_manifest, read_shards, write_manifest)
 from .lock import WriterLock
 from .metadata import parse_filter

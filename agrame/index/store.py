@@ -48,7 +48,7 @@ from ..spans import normalize_span, sorted_token_segments, split_sentences
 from .codec import ResidualCodec, num_centroids
 from .format import (FORMAT_V2, MANIFEST, IndexFolderError, check_files, crc32_file, ivf_generation,
                      model_block, read_manifest, store_root)
-from .ivf import InvertedFile, _ranges, build_ivf, merge_ivf, unique_pairs
+from .ivf import InvertedFile, _ranges, build_ivf, unique_pairs
 from .metadata import DIGEST_FIELD, METADATA_FILE, MetadataDB
 
 TOKEN_DTYPE = np.dtype([("start", "<i4"), ("length", "<u2")])
