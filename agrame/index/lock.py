@@ -66,6 +66,11 @@ class WriterLock:
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     holder = _read_pid(fd)
+                    for _ in range(20):  # the holder writes its pid just after it locks: give it that moment
+                        if holder:
+                            break
+                        time.sleep(0.025)
+                        holder = _read_pid(fd)
                     os.close(fd)
                     raise IndexLockedError(self.folder, holder, self.timeout, self.doing) from None
                 time.sleep(self.POLL)
