@@ -29,6 +29,7 @@ saved as a model folder and exported as a delta (``training.export``).
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import lzma
@@ -634,7 +635,7 @@ def unpack(result: Path, out: Path, *, export: bool = True, say=print) -> Dict[s
         settings_json = json.loads(text["agrame.json"])
         settings_json.pop("format", None)
         settings = EncoderSettings.from_json(settings_json)
-        backbone = load_encoder(ZERO_SHOT).backbone
+        backbone = copy.deepcopy(local.backbone)  # (θ₀ loaded once for every student)
         backbone.load_state_dict(state)
         projection = None
         if "projection" in tensors:
