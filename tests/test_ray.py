@@ -129,7 +129,8 @@ def ray_sharded(ray_cluster, tmp_path_factory, tiny_encoder, tiny_model_dir, cod
 
     path = tmp_path_factory.mktemp("ray-sharded") / "sh"
     build_sharded(tiny_encoder, _corpus(), path, 3, codec=codec, progress=False)
-    index = RayShardedIndex(path, model=str(tiny_model_dir), timeout=60)
+    # restart_hold: while this file exists a restarting shard actor waits (the health drill below)
+    index = RayShardedIndex(path, model=str(tiny_model_dir), timeout=60, restart_hold=str(path.parent / "hold"))
     yield index, ShardedIndex(path, model=tiny_encoder)
     index.close()
 
@@ -202,6 +203,44 @@ def test_serve_answers_503_for_a_dead_shard_and_partial_on_request(ray_sharded, 
     assert health["format"] == "agrame-sharded/1" and health["passages"] == 20
 
 
+def test_health_is_degraded_while_a_shard_restarts_and_ok_again_after(ray_sharded, tiny_model_dir):
+    from fastapi.testclient import TestClient
+
+    from agrame.index.sharded import ShardUnavailableError
+    from agrame_app.serve import create_app
+
+    remote, _ = ray_sharded
+    client = TestClient(create_app(remote, model=str(tiny_model_dir)))
+    ok = client.get("/health")
+    assert ok.status_code == 200 and ok.json()["status"] == "ok" and ok.json()["index"]["partial"] is False
+    assert ok.json()["index"]["passages"] == 20 and "unavailable" not in ok.json()["index"]
+    hold = remote.path.parent / "hold"
+    hold.touch()
+    try:
+        remote.ray.get(remote.actors[2].crash_on_next_call.remote())
+        assert client.post("/search", json={"query": "coral", "granularity": "passage"}).status_code == 503
+        down = client.get("/health")  # the actor waits on the hold file: shard 2 is down, not "ok"
+        body = down.json()
+        assert down.status_code == 503 and body["status"] == "degraded" and down.headers["Retry-After"]
+        assert [d["shard"] for d in body["index"]["unavailable"]] == [2]
+        state = body["index"]["unavailable"][0]
+        assert state["permanent"] is False and state["since"].endswith("Z") and state["down_s"] >= 0
+        assert "shard 2 did not answer" in body["error"] and "retry" in body["error"]
+        # the count of the others is marked partial; len() refuses to pass a part for the whole
+        shard2 = len(ShardedIndex(remote.path).shards[2])
+        assert body["index"]["partial"] is True and body["index"]["passages"] == 20 - shard2
+        count = remote.count(allow_partial=True)
+        assert count == 20 - shard2 and count.partial and count.missing_shards == [2]
+        with pytest.raises(ShardUnavailableError, match="shard 2"):
+            len(remote)
+    finally:
+        hold.unlink()
+    remote.wait_ready()
+    again = client.get("/health")
+    assert again.status_code == 200 and again.json()["status"] == "ok" and again.json()["index"]["passages"] == 20
+    assert len(remote) == 20 and not remote.count().partial and remote.unavailable() == []
+
+
 def test_a_build_on_a_cluster_whose_cpus_are_held_is_a_clear_error(ray_sharded, tmp_path, tiny_model_dir, codec):
     from agrame.index.distributed import ClusterBusyError
 
@@ -250,3 +289,49 @@ def test_shard_actor_sizes_let_every_shard_fit():
         assert sum(math.floor(n / cpus + 1e-9) for n in nodes) >= shards, (nodes, shards, cpus)
         assert cpus <= 1
     assert shard_cpus([1, 1], 3) == 0.5 and shard_cpus([16], 2, threads=4) == 4
+
+
+def test_a_shard_lost_for_good_is_reported_as_lost_not_as_a_retry(ray_sharded, tiny_model_dir):
+    """Last of the module's shard tests: it kills an actor for good."""
+    from fastapi.testclient import TestClient
+
+    from agrame.index.sharded import ShardUnavailableError
+    from agrame_app.serve import create_app
+
+    remote, _ = ray_sharded
+    client = TestClient(create_app(remote, model=str(tiny_model_dir)))
+    remote.ray.kill(remote.actors[1], no_restart=True)
+    with pytest.raises(ShardUnavailableError, match="shard 1 lost.*will not") as lost:
+        remote.search("coral", "passage")
+    assert lost.value.permanent and "retry, or" not in str(lost.value)
+    search = client.post("/search", json={"query": "coral", "granularity": "passage"})
+    assert search.status_code == 503 and search.json()["permanent"] is True and "Retry-After" not in search.headers
+    health = client.get("/health")
+    assert health.status_code == 503 and health.json()["status"] == "degraded" and "Retry-After" not in health.headers
+    assert health.json()["index"]["unavailable"][0]["permanent"] is True and "lost" in health.json()["error"]
+
+
+def test_a_restart_the_live_nodes_cannot_hold_is_a_loss():
+    """After a node loss the shard actors may no longer fit what the live nodes offer: Ray would
+    keep them pending forever, so a timeout then is reported as a loss, naming the shortfall."""
+    from ray.exceptions import GetTimeoutError
+
+    from agrame.index.distributed import RayShardedIndex
+
+    index = RayShardedIndex.__new__(RayShardedIndex)
+    index.num_shards, index.actor_cpus, index.placement, index._down = 3, 0.5, None, {}
+    index.ray = _FakeRay([1, 1], 2)
+    index._note_down(2, GetTimeoutError(), 2.0)
+    assert index._down[2]["permanent"] is False and "restarting" in index._down[2]["reason"]
+    index.ray = _FakeRay([1], 1)  # one node left: 1 CPU for 3 × 0.5
+    since = index._down[2]["since"]
+    index._note_down(2, GetTimeoutError(), 2.0)
+    state = index._down[2]
+    assert state["permanent"] and "offer 1 CPU" in state["reason"] and "need 1.5" in state["reason"]
+    assert state["since"] == since  # since the first failure, not the last
+    err = index._unavailable_error([2])
+    assert err.permanent and "shard 2 lost" in str(err)
+    index.placement, index._down = [{"node-a": 1}, {"node-b": 1}, {"node-b": 1}], {}
+    index.ray = _FakeRay([2, 2], 4)
+    index._note_down(1, GetTimeoutError(), 2.0)
+    assert index._down[1]["permanent"] and "'node-b'" in index._down[1]["reason"]

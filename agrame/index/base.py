@@ -8,6 +8,23 @@ from abc import ABC, abstractmethod
 from typing import Any, Iterable, List, Mapping, Optional, Sequence
 
 
+class PassageCount(int):
+    """A count of live passages that says whether it is whole: ``missing_shards`` names the shards
+    whose passages it could not count (``partial`` then), so a degraded sharded index never passes a
+    part for the whole. ``len()`` of such an index raises instead (Python's ``len`` keeps no flag)."""
+
+    missing_shards: List[int]
+
+    def __new__(cls, value: int, missing_shards: Sequence[int] = ()) -> "PassageCount":
+        count = super().__new__(cls, value)
+        count.missing_shards = sorted(missing_shards)
+        return count
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.missing_shards)
+
+
 class BaseIndex(ABC):
     """add / upsert / delete / get / search by the user's own passage ids."""
 
@@ -34,4 +51,14 @@ class BaseIndex(ABC):
 
     @abstractmethod
     def __len__(self) -> int:
-        """Live passages."""
+        """Live passages (every shard's: an index with shards down raises rather than undercount)."""
+
+    def count(self, *, allow_partial: bool = False) -> PassageCount:
+        """Live passages; with ``allow_partial`` the shards that answer, the others named in it."""
+        return PassageCount(len(self))
+
+    def unavailable(self, timeout: Optional[float] = None) -> List[dict]:
+        """The shards that do not answer now, one ``{"shard", "since", "reason", "permanent"}`` each
+        (``since``: Unix time of the first failure seen; ``permanent``: it will not come back by
+        itself) — empty when every part answers, as always for a local folder."""
+        return []

@@ -32,7 +32,7 @@ from ..corpus import Passage
 from .codec import ResidualCodec
 from .format import IndexFolderError, model_block
 from .lock import build_lock
-from .base import BaseIndex
+from .base import BaseIndex, PassageCount
 from .sharded import (SearchResults, ShardedWrites, ShardUnavailableError, commit_new, merge_hits, route, shard_of,
                       write_sharded)
 from .store import CompressedBlock, compress_block, train_codec, write_blocks
@@ -367,11 +367,18 @@ class ShardActor:
     """One shard opened in a Ray actor (restarted by Ray when its process dies). Every call first
     opens the newest committed generation, so writes made through the shared folder are seen."""
 
-    def __init__(self, path: str, model, threads: int = 1):
+    def __init__(self, path: str, model, threads: int = 1, hold: Optional[str] = None):
+        import time
+
         import torch
 
         from .search import Index
 
+        # Fault drill (tests, benchmarks): while the file ``hold`` exists a (re)starting actor waits,
+        # so a restart lasts as long as the drill needs, not as long as a process start happens to.
+        deadline = time.monotonic() + 300
+        while hold and os.path.exists(hold) and time.monotonic() < deadline:
+            time.sleep(0.05)
         torch.set_num_threads(max(1, threads))
         self.index = Index(path, model=model)
         self._crash_next = False
@@ -414,13 +421,21 @@ class RayShardedIndex(ShardedWrites, BaseIndex):
     each node must hold the shards its actors open. A shard whose actor dies is restarted by Ray;
     the request it was answering fails with :class:`ShardUnavailableError` (HTTP 503) — never a
     silently partial answer — unless ``allow_partial``: then the hits of the shards that answered,
-    with ``missing_shards`` naming the others. Writes go through :class:`ShardedWriter` on this
+    with ``missing_shards`` naming the others. A shard that will not come back by itself (its actor
+    dead for good, or the live nodes no longer offer what it needs) is reported as lost, not as a
+    retry. ``len()`` raises while shards are down; :meth:`count` and :meth:`unavailable` say what is
+    missing, since when and why (``/health``). Writes go through :class:`ShardedWriter` on this
     process (the folder must be writable here) and each actor opens the new generation on its next call.
+
+    ``timeout``: seconds a search waits for its shards; ``probe_timeout``: for counts and health
+    probes, which must answer quickly while a shard restarts. ``restart_hold``: a fault drill's file
+    (:class:`ShardActor`).
     """
 
     def __init__(self, path: Union[str, Path], model=None, *, address: Optional[str] = None,
                  timeout: float = 60.0, threads_per_shard: int = 1,
-                 placement: Optional[Sequence[Mapping[str, float]]] = None):
+                 placement: Optional[Sequence[Mapping[str, float]]] = None, probe_timeout: float = 2.0,
+                 restart_hold: Optional[str] = None):
         from .format import load_index_model, read_manifest
         from .sharded import read_shards
 
@@ -437,15 +452,20 @@ class RayShardedIndex(ShardedWrites, BaseIndex):
             actor_model = self.encoder  # an Encoder object given here: the actors receive it pickled
         remote = ray.remote(max_restarts=-1, max_task_retries=0)(ShardActor)
         self.timeout = timeout
+        self.probe_timeout = probe_timeout
+        self.placement = None if placement is None else [dict(p) for p in placement]
+        #: shard → {"shard", "since", "reason", "permanent"} while it does not answer
+        self._down: Dict[int, dict] = {}
         node_cpus = [float(n.get("Resources", {}).get("CPU", 0)) for n in ray.nodes() if n.get("Alive", True)]
         cpus = shard_cpus(node_cpus, self.num_shards, threads_per_shard)
+        self.actor_cpus = cpus
         if placement is not None and len(placement) != self.num_shards:
             raise ValueError(f"placement: {len(placement)} entries for {self.num_shards} shards")
         # ``placement``: custom resources per shard (e.g. {"node-b": 1}) pin a shard's actor to the node
         # that holds its folder; otherwise Ray spreads the actors over the cluster.
         self.actors = [remote.options(num_cpus=cpus, **({"resources": dict(placement[i])} if placement else
                                                         {"scheduling_strategy": "SPREAD"}))
-                       .remote(str(self.path / name), actor_model, threads_per_shard)
+                       .remote(str(self.path / name), actor_model, threads_per_shard, restart_hold)
                        for i, name in enumerate(self.shards_manifest["shards"])]
         try:
             ray.get([a.ready.remote() for a in self.actors], timeout=timeout)
@@ -480,45 +500,126 @@ class RayShardedIndex(ShardedWrites, BaseIndex):
             self.ray.kill(actor, no_restart=True)
         self.actors = []
 
-    def _gather(self, refs: Dict[int, object], allow_partial: bool) -> tuple:
-        """(results by shard, missing shards): a shard that died or timed out is missing."""
+    def _gather(self, refs: Dict[int, object], allow_partial: bool, timeout: Optional[float] = None) -> tuple:
+        """(results by shard, missing shards): a shard that died or did not answer by the deadline
+        (one for all shards, not one each) is missing, and its state noted for :meth:`unavailable`."""
+        import time as _time
+
         from ray.exceptions import GetTimeoutError, RayActorError
 
-        results, missing, reason = {}, [], ""
+        timeout = self.timeout if timeout is None else timeout
+        deadline = _time.monotonic() + timeout
+        results, failed = {}, {}
         for s, ref in refs.items():
             try:
-                results[s] = self.ray.get(ref, timeout=self.timeout)
+                results[s] = self.ray.get(ref, timeout=max(0.0, deadline - _time.monotonic()))
+                self._down.pop(s, None)
             except (RayActorError, GetTimeoutError) as exc:
-                missing.append(s)
-                reason = type(exc).__name__
+                failed[s] = exc
+        for s, exc in failed.items():
+            self._note_down(s, exc, timeout)
+        missing = sorted(failed)
         if missing and not allow_partial:
-            raise ShardUnavailableError(missing, reason)
+            raise self._unavailable_error(missing)
         return results, missing
+
+    def _note_down(self, shard: int, exc: Exception, timeout: float) -> None:
+        import time as _time
+
+        from ray.exceptions import ActorDiedError, GetTimeoutError
+
+        before = self._down.get(shard)
+        permanent = bool(before and before["permanent"])
+        if isinstance(exc, ActorDiedError) and getattr(exc, "_actor_init_failed", False):
+            permanent, reason = True, "its actor failed to open the shard on restart, and Ray will not retry it"
+        elif isinstance(exc, ActorDiedError) and self._dead_for_good(shard):
+            permanent, reason = True, "its actor is dead and Ray will not restart it"
+        elif isinstance(exc, GetTimeoutError):
+            reason = f"no answer within {timeout:g} s"
+            short = self._cannot_place(shard)
+            if short:
+                permanent, reason = True, f"{reason}: {short}"
+            else:
+                reason += " (its actor is restarting or busy)"
+        else:
+            reason = "its actor died and Ray is restarting it"
+        self._down[shard] = {"shard": shard, "since": before["since"] if before else _time.time(),
+                             "reason": reason, "permanent": permanent}
+
+    def _dead_for_good(self, shard: int) -> bool:
+        """A call that died with its actor does not say whether Ray restarts it; a new call does: it
+        fails at once with ``ActorDiedError`` only when the actor is dead for good."""
+        from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
+
+        try:
+            self.ray.get(self.actors[shard].ready.remote(), timeout=1.0)
+        except ActorDiedError:
+            return True
+        except (GetTimeoutError, RayActorError):
+            pass
+        return False
+
+    def _cannot_place(self, shard: int) -> str:
+        """Why a shard's restarting actor cannot be placed on the live nodes ('' when it can)."""
+        nodes = [n.get("Resources", {}) for n in self.ray.nodes() if n.get("Alive", True)]
+        for key in (self.placement[shard] if self.placement else ()):
+            if not any(key in n for n in nodes):
+                return f"no live node offers the resource {key!r} that it is pinned to"
+        cpus = sum(float(n.get("CPU", 0)) for n in nodes)
+        need = self.actor_cpus * self.num_shards
+        if cpus + 1e-9 < need:
+            return (f"the live nodes offer {cpus:g} CPU and the {self.num_shards} shard actors need {need:g}: "
+                    "it cannot restart until a node joins")
+        return ""
+
+    def _unavailable_error(self, missing: Sequence[int]) -> ShardUnavailableError:
+        states = [self._down[s] for s in missing]
+        reasons = sorted({st["reason"] for st in states})
+        reason = reasons[0] if len(reasons) == 1 else "; ".join(f"shard {st['shard']}: {st['reason']}" for st in states)
+        return ShardUnavailableError(missing, reason, permanent=any(st["permanent"] for st in states))
 
     def _all(self, method: str, *args, allow_partial: bool = False, **kwargs) -> tuple:
         return self._gather({s: a.call.remote(method, *args, **kwargs) for s, a in enumerate(self.actors)},
                             allow_partial)
 
-    def _summaries(self) -> list:
-        # Counts of the shards that answer: a search already failed (or was declared partial) for the others.
-        results, _ = self._gather({s: a.summary.remote() for s, a in enumerate(self.actors)}, True)
+    def _summaries(self, allow_partial: bool) -> tuple:
+        """(each answering shard's summary, missing shards), within ``probe_timeout``. With
+        ``allow_partial`` the shards already known to be down are not asked again (a health
+        probe or a search just asked them) — so a count never waits on a restart."""
+        asked = {s: a for s, a in enumerate(self.actors) if not (allow_partial and s in self._down)}
+        results, missing = self._gather({s: a.summary.remote() for s, a in asked.items()}, allow_partial,
+                                        self.probe_timeout)
+        missing = sorted(set(missing) | (set(range(self.num_shards)) - set(asked)))
         if not results:
-            raise ShardUnavailableError(list(range(self.num_shards)))
-        return [results[s] for s in sorted(results)]
+            raise self._unavailable_error(missing)
+        return [results[s] for s in sorted(results)], missing
+
+    def unavailable(self, timeout: Optional[float] = None) -> List[dict]:
+        self._gather({s: a.ready.remote() for s, a in enumerate(self.actors)}, True,
+                     self.probe_timeout if timeout is None else timeout)
+        return [dict(self._down[s]) for s in sorted(self._down)]
 
     @property
     def manifest(self) -> dict:
-        ms = [r["manifest"] for r in self._summaries()]
-        return {"format": self.shards_manifest["format"], "model": ms[0]["model"], "num_shards": self.num_shards,
-                "generation": sum(int(m.get("generation", 1)) for m in ms),
-                "has_spans": any(m.get("has_spans") for m in ms),
-                "num_passages": sum(int(m["num_passages"]) for m in ms),
-                "num_deleted": sum(int(m.get("num_deleted", 0)) for m in ms), "nbits": ms[0].get("nbits"),
-                "num_tokens": sum(int(m.get("num_tokens", 0)) for m in ms),
-                "num_sentences": sum(int(m.get("num_sentences", 0)) for m in ms)}
+        summaries, missing = self._summaries(True)
+        ms = [r["manifest"] for r in summaries]
+        out = {"format": self.shards_manifest["format"], "model": ms[0]["model"], "num_shards": self.num_shards,
+               "generation": sum(int(m.get("generation", 1)) for m in ms),
+               "has_spans": any(m.get("has_spans") for m in ms),
+               "num_passages": sum(int(m["num_passages"]) for m in ms),
+               "num_deleted": sum(int(m.get("num_deleted", 0)) for m in ms), "nbits": ms[0].get("nbits"),
+               "num_tokens": sum(int(m.get("num_tokens", 0)) for m in ms),
+               "num_sentences": sum(int(m.get("num_sentences", 0)) for m in ms)}
+        if missing:  # counts of the shards that answered only
+            out["missing_shards"] = missing
+        return out
+
+    def count(self, *, allow_partial: bool = False) -> PassageCount:
+        summaries, missing = self._summaries(allow_partial)
+        return PassageCount(sum(r["live"] for r in summaries), missing)
 
     def __len__(self) -> int:
-        return sum(r["live"] for r in self._summaries())
+        return int(self.count())
 
     def _actor(self, passage_id: str):
         return shard_of(passage_id, self.num_shards)

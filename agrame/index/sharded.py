@@ -176,13 +176,22 @@ def build_sharded(encoder: Encoder, passages: Sequence[Passage], path: Union[str
 
 
 class ShardUnavailableError(RuntimeError):
-    """Shards did not answer (a Ray actor died and is restarting): no partial answer is given unless
-    the caller asked for one (``allow_partial``)."""
+    """Shards did not answer: no partial answer is given unless the caller asked for one
+    (``allow_partial``). ``permanent`` when a shard will not come back by itself (its Ray actor is
+    dead for good: killed, or its folder failed to open on restart) — then a retry is no use and the
+    message says so; otherwise Ray is restarting it and a retry may succeed."""
 
-    def __init__(self, missing: Sequence[int], reason: str = ""):
+    def __init__(self, missing: Sequence[int], reason: str = "", permanent: bool = False):
         self.missing = list(missing)
-        super().__init__(f"shard{'s' if len(self.missing) > 1 else ''} {', '.join(map(str, self.missing))} did not "
-                         f"answer{': ' + reason if reason else ''}; retry, or ask for allow_partial")
+        self.permanent = permanent
+        shards = f"shard{'s' if len(self.missing) > 1 else ''} {', '.join(map(str, self.missing))}"
+        if permanent:
+            super().__init__(f"{shards} lost{': ' + reason if reason else ''}; a retry will not bring "
+                             f"{'them' if len(self.missing) > 1 else 'it'} back: restart the server (or ask for "
+                             "allow_partial)")
+        else:
+            super().__init__(f"{shards} did not answer{': ' + reason if reason else ''}; retry, or ask for "
+                             "allow_partial")
 
 
 class SearchResults(list):

@@ -501,9 +501,10 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
 
     @app.exception_handler(ShardUnavailableError)
     async def _shard_down(_: Request, exc: ShardUnavailableError):
-        # Ray is restarting the shard's actor: the client may retry, or ask for allow_partial.
-        return JSONResponse({"error": str(exc), "missing_shards": exc.missing}, status_code=503,
-                            headers={"Retry-After": "1"})
+        # Ray is restarting the shard's actor: the client may retry, or ask for allow_partial; a shard
+        # lost for good gets no Retry-After (retrying cannot help) and says so.
+        return JSONResponse({"error": str(exc), "missing_shards": exc.missing, "permanent": exc.permanent},
+                            status_code=503, headers={} if exc.permanent else {"Retry-After": "1"})
 
     @app.exception_handler(ValueError)
     async def _value(_: Request, exc: ValueError):
@@ -521,17 +522,36 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
 
     @app.get("/health")
     def health():
+        """``ok`` (200) only when every part of the index answers; ``degraded`` (503) names the shards
+        that do not, since when and why, with counts of the others marked partial."""
         out = {"status": "ok", "version": __version__, "model": encoder.source,
                "fingerprint": encoder.fingerprint()[:12], "limits": limits.__dict__}
-        if holder is not None:
-            idx = holder.current()
+        if holder is None:
+            return out
+        idx = holder.current()
+        down = idx.unavailable()
+        info: Dict[str, Any] = {"name": holder.path.name}
+        try:
             m = idx.manifest
-            out["index"] = {"name": holder.path.name, "format": m["format"], "generation": m.get("generation", 1),
-                            "passages": len(idx), "deleted": m.get("num_deleted", 0), "tokens": m["num_tokens"],
-                            "sentences": m["num_sentences"], "nbits": m.get("nbits")}
-            if holder.reload_error:
-                out["index"]["reload_error"] = holder.reload_error
-        return out
+            count = idx.count(allow_partial=True)
+            info.update(format=m["format"], generation=m.get("generation", 1), passages=int(count),
+                        partial=count.partial, deleted=m.get("num_deleted", 0), tokens=m["num_tokens"],
+                        sentences=m["num_sentences"], nbits=m.get("nbits"))
+        except ShardUnavailableError:  # no shard answers: nothing to count
+            info.update(passages=None, partial=True)
+        if holder.reload_error:
+            info["reload_error"] = holder.reload_error
+        out["index"] = info
+        if not down:
+            return out
+        now = time.time()
+        info["unavailable"] = [{**d, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(d["since"])),
+                                "down_s": round(now - d["since"], 1)} for d in down]
+        lost = any(d["permanent"] for d in down)
+        reasons = sorted({d["reason"] for d in down})
+        out.update(status="degraded", error=str(ShardUnavailableError(
+            [d["shard"] for d in down], reasons[0] if len(reasons) == 1 else "; ".join(reasons), permanent=lost)))
+        return JSONResponse(out, status_code=503, headers={} if lost else {"Retry-After": "1"})
 
     @app.post("/search", dependencies=[Depends(reader)])
     def search(req: SearchRequest):
@@ -549,7 +569,7 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
             explained = _explained(hits, lambda ids: idx.explain_all(req.query, ids)) if req.explain else {}
         results = [_hit(h, explained.get(h.passage_id), _metadata(idx, h.passage_id)) for h in hits]
         out = {"query": req.query, "granularity": req.granularity, "generation": idx.manifest.get("generation", 1),
-               "passages": len(idx), "ms": round(1000 * (time.perf_counter() - started), 1), "results": results}
+               "passages": int(idx.count(allow_partial=bool(partial))), "ms": round(1000 * (time.perf_counter() - started), 1), "results": results}
         if getattr(hits, "missing_shards", None):
             out.update(partial=True, missing_shards=hits.missing_shards)
         return out
