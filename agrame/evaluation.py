@@ -79,6 +79,25 @@ def span_mismatch(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Ma
     return None
 
 
+def id_mismatch(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mapping[str, int]]) -> Optional[str]:
+    """A warning when the run and the qrels do not seem to name the same things: most of the run's
+    queries are not in the qrels, or most of them rank no passage the qrels judge at all (the run
+    came from an index of other ids — e.g. pool positions against source ids — and would score 0)."""
+    shared = [q for q in run if q in qrels]
+    if run and len(shared) < len(run) / 2:
+        example = next(q for q in run if q not in qrels)
+        return (f"only {len(shared)} of the run's {len(run)} queries are in the qrels (e.g. {example!r} is not): "
+                "are the query ids the same?")
+    judged = {d.split("#", 1)[0] for table in qrels.values() for d in table}
+    touching = sum(any(d.split("#", 1)[0] in judged for d in run[q]) for q in shared)
+    if len(shared) >= 10 and touching < len(shared) / 2:
+        ranked = next(iter(run[shared[0]]), "")
+        return (f"in {len(shared) - touching} of {len(shared)} queries the run ranks no passage the qrels judge "
+                f"(run ids like {ranked!r}, qrels ids like {next(iter(sorted(judged)))!r}): are they ids of the "
+                "same corpus?")
+    return None
+
+
 def evaluate(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mapping[str, int]],
              measures: Sequence[str] = DEFAULT_MEASURES, per_query: bool = False):
     """Mean of each measure over the qrels' queries (a query the run lacks scores 0, as trec_eval

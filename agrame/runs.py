@@ -56,13 +56,19 @@ def _unescape(text: str) -> str:
     return out.decode("utf-8", errors="strict")
 
 
-def docid(hit: ScoredSpan, granularity: str) -> str:
-    """The run-file id of a hit (see the module's documentation)."""
-    pid = _escape(hit.passage_id)
-    if granularity == "passage":
+def span_docid(passage_id: str, pieces: Sequence[Tuple[int, int]] = ()) -> str:
+    """The run-file id of a passage (no ``pieces``) or of a span of it (see the module's documentation)."""
+    pid = _escape(passage_id)
+    if not pieces:
         return pid
-    pieces = hit.pieces or ((hit.start, hit.end),)
     return pid + "#" + ",".join(f"{a}:{b}" for a, b in pieces)
+
+
+def docid(hit: ScoredSpan, granularity: str) -> str:
+    """The run-file id of a hit."""
+    if granularity == "passage":
+        return span_docid(hit.passage_id)
+    return span_docid(hit.passage_id, hit.pieces or ((hit.start, hit.end),))
 
 
 def parse_docid(text: str) -> Tuple[str, Tuple[Tuple[int, int], ...]]:

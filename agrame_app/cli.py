@@ -225,6 +225,35 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--format", "-f", choices=("table", "jsonl"), default="table",
                           help="table for reading, jsonl for piping (default: table)")
 
+    qrels = sub.add_parser(
+        "qrels", help="write the benchmarks' gold as TREC qrels (and the queries and corpus to search)",
+        description="Write the gold of an open-domain benchmark dataset ($AGRAME_DATA) as TREC qrels in the run "
+                    "files' id format, as benchmarks.open_domain judges: a passage is its pooled-corpus id, a "
+                    "sentence PASSAGE#START:END with the index's own sentence spans (--index) or the ones an index "
+                    "stores (agrame.spans.split_sentences). With --queries-out and --corpus-out it also writes the "
+                    "questions and the pooled corpus, so that agrame index + agrame search --queries --run + agrame "
+                    "evaluate reproduce the benchmark's metrics end to end.",
+        epilog="Example: agrame qrels --dataset squad-dev --limit 2000 -g sentence -o dev.qrels --queries-out dev.tsv "
+               "--corpus-out pool.jsonl",
+    )
+    qrels.add_argument("--dataset", required=True,
+                       choices=("squad-dev", "nq-oracle", "nq-open", "entityquestions", "trivia", "webq"),
+                       help="benchmark question set (its gold as benchmarks/README.md describes)")
+    qrels.add_argument("--granularity", "-g", choices=("passage", "sentence"), default="sentence",
+                       help="judge passages or sentences (default: sentence)")
+    qrels.add_argument("--out", "-o", default="-", metavar="FILE", help="qrels file (default: standard output)")
+    qrels.add_argument("--limit", type=_positive_int, default=None,
+                       help="a seeded sample of this many questions, as the benchmarks' --limit (default: all)")
+    qrels.add_argument("--seed", type=int, default=0, help="sample seed (default: 0, the benchmarks')")
+    qrels.add_argument("--index", "-i", metavar="DIR", default=None,
+                       help="take sentence spans from this index (its passage ids must be the pool's)")
+    qrels.add_argument("--ids", choices=("source", "number"), default="source",
+                       help="passage ids: the pool's source ids (squad-dev-3-5, nq-17, lead-4) or pool positions "
+                            "(the ids of benchmarks.index_search's cached index) (default: source)")
+    qrels.add_argument("--queries-out", metavar="FILE", default=None, help="also write the questions (TSV qid<TAB>text)")
+    qrels.add_argument("--corpus-out", metavar="FILE", default=None,
+                       help="also write the pooled corpus (JSONL {id, text}) to index")
+
     export = sub.add_parser(
         "export", help="write a model as a Stanford ColBERT (colbert-ai) or PyLate checkpoint",
         description="Export a model for colbert-ai 0.2.22 (--format stanford) or PyLate (--format pylate). "
@@ -578,7 +607,7 @@ def _search_batch(args, options: dict) -> int:
 
 
 def _cmd_evaluate(args) -> int:
-    from agrame.evaluation import check_granularity, evaluate, parse_measures, span_mismatch
+    from agrame.evaluation import check_granularity, evaluate, id_mismatch, parse_measures, span_mismatch
     from agrame.runs import read_qrels, read_run
 
     measures = args.measures.split()
@@ -587,9 +616,9 @@ def _cmd_evaluate(args) -> int:
     parse_measures(measures)  # an unknown measure fails before the files are read
     run, qrels = read_run(args.run), read_qrels(args.qrels)
     check_granularity(run, qrels)  # EvaluationError (a ValueError): exit 2
-    warning = span_mismatch(run, qrels)
-    if warning:
-        print(f"agrame: warning: {warning}", file=sys.stderr)
+    for warning in (id_mismatch(run, qrels), span_mismatch(run, qrels)):
+        if warning:
+            print(f"agrame: warning: {warning}", file=sys.stderr)
     mean, per = evaluate(run, qrels, measures, per_query=True)
     if args.format == "jsonl":
         if args.per_query:
@@ -605,6 +634,62 @@ def _cmd_evaluate(args) -> int:
     for m in measures:
         sys.stdout.write(f"{m:<{width}}  {mean[m]:.4f}\n")
     return 0
+
+
+def _cmd_qrels(args) -> int:
+    try:
+        from benchmarks.common import sample
+        from benchmarks.data import load_pool, load_questions
+        from benchmarks.gold import qrels
+    except ImportError as exc:  # pragma: no cover - benchmarks ship with the package
+        raise UsageError(f"agrame qrels needs the benchmarks package: {exc}") from None
+    from agrame.runs import atomic_text_file
+
+    pool = _dataset_step(load_pool)
+    questions = sample(_dataset_step(load_questions, args.dataset, pool), args.limit, args.seed)
+    spans_of = None
+    if args.index is not None:
+        from agrame.index.sharded import open_index
+
+        index = open_index(args.index)
+        name = (lambda p: pool.ids[p]) if args.ids == "source" else str
+
+        def spans_of(p: int):
+            try:
+                return index.sentence_spans(name(p))
+            except ValueError:
+                raise UsageError(f"--index {args.index}: no passage {name(p)!r} of the pooled corpus (was it "
+                                 f"built from agrame qrels --corpus-out, with --ids {args.ids}?)") from None
+
+    table = qrels(args.dataset, questions, pool, args.granularity, spans_of, ids=args.ids)
+    with atomic_text_file(args.out) as out:
+        for qid, judged in table.items():
+            out.writelines(f"{qid} 0 {doc} {rel}\n" for doc, rel in judged.items())
+    if args.queries_out:
+        with atomic_text_file(args.queries_out) as out:
+            out.writelines(f"{q.qid}\t{' '.join(q.text.split())}\n" for q in questions)
+    if args.corpus_out:
+        with atomic_text_file(args.corpus_out) as out:
+            for i, (pid, text) in enumerate(zip(pool.ids, pool.texts)):
+                out.write(json.dumps({"id": pid if args.ids == "source" else str(i), "text": text},
+                                     ensure_ascii=False) + "\n")
+    left = len(questions) - len(table)
+    print(f"agrame qrels: {args.dataset} {args.granularity}: {sum(map(len, table.values()))} judgments for "
+          f"{len(table)} of {len(questions)} questions"
+          + (f" ({left} without gold {args.granularity}s, as the benchmark leaves them out)" if left else "")
+          + (f" → {args.out}" if args.out != "-" else ""), file=sys.stderr)
+    return 0
+
+
+def _dataset_step(step, *args):
+    """A benchmark data loader's refusal (missing $AGRAME_DATA, …) as a usage error, not a traceback."""
+    try:
+        return step(*args)
+    except FileNotFoundError as exc:
+        raise UsageError(f"{exc.filename}: not found — set AGRAME_DATA to the datasets' folder "
+                         "(../shared/data/README.md)") from None
+    except SystemExit as exc:
+        raise UsageError(str(exc).removeprefix("error: ")) from None
 
 
 def _cmd_export(args) -> int:
@@ -758,7 +843,7 @@ def _check_arguments(args) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"rank": _cmd_rank, "index": _cmd_index, "search": _cmd_search, "evaluate": _cmd_evaluate,
+    handlers = {"rank": _cmd_rank, "index": _cmd_index, "search": _cmd_search, "evaluate": _cmd_evaluate, "qrels": _cmd_qrels,
                 "export": _cmd_export, "delete": _cmd_delete,
                 "compact": _cmd_compact, "explain": _cmd_explain, "serve": _cmd_serve, "cite": _cmd_cite}
     try:

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Dict, List, Optional
 
+import numpy as np
 from tqdm.auto import tqdm
 
-from .common import add_model_args, command_line, sample, sentence_of, tagged, write_result
+from .common import add_model_args, command_line, sample, tagged, write_result
 from .data import OPEN_DOMAIN_DATASETS, PoolMatcher, Question, load_pool, load_questions, restrict_pool
 from .encodings import pool_sentences
+from .gold import gold_sentences
 from .metrics import has_answer, precision_at_1, recall_at_k, summarize
 from .rerank import METHODS, Harness
 
@@ -38,11 +41,7 @@ def judge(dataset: str, harness: Harness, q: Question, passages: List[int], sent
         first_stage = float(q.gold_passage in {int(c) for c in cands})
         gold_start = int(harness.sent_starts[q.gold_passage])
         spans = harness.spans[q.gold_passage]
-        if dataset == "squad-dev":
-            gold_sents = {gold_start + sentence_of(spans, q.answer_start)}
-        else:
-            gold_sents = {gold_start + k for k in range(len(spans))
-                          if has_answer(harness.sentences[gold_start + k], q.answers)}
+        gold_sents = {gold_start + k for k in gold_sentences(dataset, q, harness.texts[q.gold_passage], spans)}
         sent_rel = [g in gold_sents for g in sentences or []]
     else:
         psg_rel = [has_answer(harness.texts[p], q.answers) for p in passages]
@@ -56,6 +55,25 @@ def judge(dataset: str, harness: Harness, q: Question, passages: List[int], sent
     return out
 
 
+def write_runs(folder: Path, dataset: str, harness: Harness, ids: List[str], ranked, tag: str) -> None:
+    """The rankings as TREC runs with the run files' ids (:mod:`agrame.runs`); a score is the rank
+    reversed (the methods return orders, and an order is all P@k and R@k read)."""
+    from agrame.runs import atomic_text_file, span_docid
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with atomic_text_file(folder / f"{dataset}-passage.trec") as out:
+        for qid, passages, _ in ranked:
+            out.writelines(f"{qid} Q0 {span_docid(ids[p])} {r} {len(passages) - r + 1} {tag}\n"
+                           for r, p in enumerate(passages, 1))
+    if any(sentences is not None for _, _, sentences in ranked):
+        with atomic_text_file(folder / f"{dataset}-sentence.trec") as out:
+            for qid, _, sentences in ranked:
+                for r, g in enumerate(sentences or [], 1):
+                    p = int(np.searchsorted(harness.sent_starts, g, side="right")) - 1
+                    span = harness.spans[p][g - int(harness.sent_starts[p])]
+                    out.write(f"{qid} Q0 {span_docid(ids[p], [span])} {r} {len(sentences) - r + 1} {tag}\n")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", required=True, choices=OPEN_DOMAIN_DATASETS)
@@ -65,6 +83,9 @@ def main(argv=None) -> None:
                         help=f"BM25 candidates re-ranked per question (default {FIRST_STAGE_K})")
     parser.add_argument("--passages-only", action="store_true",
                         help="single-vector: rank passages only (no sentence vectors; no sentence metrics)")
+    parser.add_argument("--runs", metavar="DIR", default=None,
+                        help="also write the rankings as TREC runs (DIR/DATASET-passage.trec, -sentence.trec; "
+                             "pool source ids, rank-based scores) for agrame evaluate with agrame qrels")
     parser.add_argument("--pool-limit", type=int, default=None,
                         help="smoke tests only: gold passages plus this many others (not comparable)")
     args = parser.parse_args(argv)
@@ -88,12 +109,15 @@ def main(argv=None) -> None:
     needed = sorted({int(c) for row in docs for c in row}) if args.limit else None
     method, info = harness.make(args.method, [(q.qid, q.text) for q in questions], needed=needed,
                                 passages_only=args.passages_only)
-    per_question = []
+    per_question, ranked = [], []
     start = time.perf_counter()
     for q, cands in tqdm(list(zip(questions, docs)), desc=f"{args.dataset} {args.method}", disable=None):
         passages, sentences = method(q.qid, q.text, cands)
         per_question.append(judge(args.dataset, harness, q, passages, sentences, cands))
+        ranked.append((q.qid, passages, sentences))
     seconds = time.perf_counter() - start
+    if args.runs:
+        write_runs(Path(args.runs), args.dataset, harness, pool.ids, ranked, args.method)
     metrics = summarize(per_question)
     result = {
         "benchmark": "open_domain", "dataset": args.dataset, "method": args.method, **info,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import weakref
 from pathlib import Path
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -120,6 +120,22 @@ class Index(BaseIndex):
         if position is None:
             return None
         return {**self.store.record(position), "metadata": self.store.metadata(position)}
+
+    def sentence_spans(self, passage_id: str) -> List[Tuple[int, int]]:
+        """The sentence spans the index holds for a live passage (what its sentence hits and run
+        ids are made of); ValueError for an unknown id."""
+        from ..spans import split_sentences
+
+        if self.store is None:  # format 1 kept no spans of its own: it split as today
+            record = self.get(passage_id)
+            if record is None:
+                raise ValueError(f"index {self.path} has no passage {passage_id!r}")
+            return split_sentences(record["text"])
+        position = self.store.position_of([passage_id]).get(passage_id)
+        if position is None:
+            raise ValueError(f"index {self.path} has no passage {passage_id!r}")
+        lo, hi = int(self.store.sent_starts[position]), int(self.store.sent_starts[position + 1])
+        return [(int(a), int(b)) for a, b in self.store.sentences[lo:hi].reshape(-1, 2)]
 
     def metadata(self, passage_id: str) -> dict:
         """A passage's metadata (``{}`` when it has none); ValueError for an unknown id."""

@@ -317,6 +317,9 @@ class ShardedIndex(ShardedWrites, BaseIndex):
     def metadata(self, passage_id: str) -> dict:
         return self.shard(passage_id).metadata(passage_id)
 
+    def sentence_spans(self, passage_id: str):
+        return self.shard(passage_id).sentence_spans(passage_id)
+
     def ids(self) -> List[str]:
         return [pid for s in self.shards for pid in s.ids()]
 
