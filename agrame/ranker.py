@@ -187,11 +187,13 @@ def score_corpus(
     *,
     span_table: Optional[Dict[int, List[Tuple[Tuple[int, int], ...]]]] = None,
     chunk_tokens: int = CHUNK_TOKENS,
+    precise: bool = False,
 ) -> CorpusScores:
     """Exact scores of a (possibly memory-mapped) corpus, token chunk by token chunk.
 
     ``q_vecs`` is the ``[Q]`` query, ``s_vecs`` the sub-unit query (``[Q']`` or the same
-    tensor object as ``q_vecs``, in which case one similarity matrix serves both).
+    tensor object as ``q_vecs``, in which case one similarity matrix serves both). ``precise``:
+    scores independent of how the corpus is batched (:func:`agrame.scoring.similarity`).
     """
     n_passages, n_sentences = len(corpus), int(corpus.sentences.shape[0])
     passage_scores = torch.full((n_passages,), scoring.NEG_INF)
@@ -202,9 +204,9 @@ def score_corpus(
         t_lo, t_hi = int(corpus.passage_starts[p_lo]), int(corpus.passage_starts[p_hi])
         vecs = _float32(corpus.vectors[t_lo:t_hi])
         if shared or granularity == "passage":
-            sim = scoring.similarity(q_vecs, vecs)
+            sim = scoring.similarity(q_vecs, vecs, precise)
         else:  # both queries in one product: the token vectors are read from memory once
-            both = scoring.similarity(torch.cat([q_vecs, s_vecs]), vecs)
+            both = scoring.similarity(torch.cat([q_vecs, s_vecs]), vecs, precise)
             sim, s_both = both[:q_vecs.shape[0]], both[q_vecs.shape[0]:]
         local_passage = corpus.token_passage[t_lo:t_hi] - p_lo
         passage_scores[p_lo:p_hi] = scoring.segment_maxsim(sim, local_passage, p_hi - p_lo)
@@ -244,12 +246,17 @@ def rank_corpus(
     top_k: Optional[int],
     span_table: Optional[Dict[int, List[Tuple[Tuple[int, int], ...]]]] = None,
     chunk_tokens: int = CHUNK_TOKENS,
+    precise: bool = False,
+    keep_ties: bool = False,
 ) -> List[ScoredSpan]:
-    """Exact scoring of a corpus (:func:`score_corpus`), then the top-k units as ``ScoredSpan``s."""
+    """Exact scoring of a corpus (:func:`score_corpus`), then the top-k units as ``ScoredSpan``s.
+
+    ``keep_ties``: also every unit tied with the k-th (so that a caller merging several corpora can
+    order ties its own way and still cut exactly)."""
     passage_scores, sentence_scores, span_results = score_corpus(
-        q_vecs, s_vecs, corpus, granularity, span_table=span_table, chunk_tokens=chunk_tokens)
+        q_vecs, s_vecs, corpus, granularity, span_table=span_table, chunk_tokens=chunk_tokens, precise=precise)
     if granularity == "passage":
-        order = _top(passage_scores, top_k)
+        order = _top(passage_scores, top_k, keep_ties)
         return [ScoredSpan(corpus.ids[p], 0, len(corpus.texts[p]), float(passage_scores[p]),
                            float(passage_scores[p]), float(passage_scores[p]), corpus.texts[p],
                            ((0, len(corpus.texts[p])),)) for p in order]
@@ -257,7 +264,7 @@ def rank_corpus(
         owners = corpus.sentence_passage
         combined = scoring.combined_score(sentence_scores, passage_scores[owners], alpha)
         out = []
-        for s in _top(combined, top_k):
+        for s in _top(combined, top_k, keep_ties):
             p = int(owners[s])
             start, end = (int(x) for x in corpus.sentences[s])
             out.append(ScoredSpan(corpus.ids[p], start, end, float(combined[s]), float(sentence_scores[s]),
@@ -267,7 +274,7 @@ def rank_corpus(
     owners = torch.tensor([p for p, _, _ in span_results], dtype=torch.long)
     combined = scoring.combined_score(span_scores, passage_scores[owners], alpha)
     out = []
-    for i in _top(combined, top_k):
+    for i in _top(combined, top_k, keep_ties):
         p, pieces, _ = span_results[i]
         text = corpus.texts[p]
         out.append(ScoredSpan(corpus.ids[p], pieces[0][0], pieces[-1][1], float(combined[i]),
@@ -295,8 +302,19 @@ def _chunks(passage_starts: torch.Tensor, chunk_tokens: int) -> Iterable[Tuple[i
         lo = hi
 
 
-def _top(scores: torch.Tensor, k: Optional[int]) -> List[int]:
+def hit_order(hit: ScoredSpan) -> tuple:
+    """The total order of search hits: score, best first; equal scores by passage id, then
+    position — an order that does not depend on where a passage is stored, so that S shards'
+    exact top-k merge into exactly the single index's."""
+    return (-hit.score, hit.passage_id, hit.start, hit.end)
+
+
+def _top(scores: torch.Tensor, k: Optional[int], keep_ties: bool = False) -> List[int]:
     # Stable descending sort: ties keep corpus order, so results are deterministic.
     order = torch.sort(scores, descending=True, stable=True).indices
     order = order[torch.isfinite(scores[order])]
-    return order[:k].tolist() if k is not None else order.tolist()
+    if k is None or k >= len(order):
+        return order.tolist()
+    if keep_ties:
+        k = int((scores[order] >= scores[order[k - 1]]).sum())
+    return order[:k].tolist()

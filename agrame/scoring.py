@@ -16,8 +16,16 @@ import torch
 NEG_INF = float("-inf")
 
 
-def similarity(queries: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
-    """``[..., Lq, d] × [..., n, d] → [..., Lq, n]`` dot products (cosine for unit vectors)."""
+def similarity(queries: torch.Tensor, docs: torch.Tensor, precise: bool = False) -> torch.Tensor:
+    """``[..., Lq, d] × [..., n, d] → [..., Lq, n]`` dot products (cosine for unit vectors).
+
+    ``precise``: in float64 (and so every score made from them): the same value for a passage
+    whatever batch it is scored in. A float32 product is not — BLAS picks its kernel by shape, and a
+    passage scored among 7 others or among 5,000 can differ in the last bit — which reorders equal
+    scores between a sharded and a single index; float64 sums of float32 products are exact to
+    ~1e-16, so once rounded back to float32 they agree."""
+    if precise:
+        return queries.double() @ docs.double().transpose(-1, -2)
     return queries @ docs.transpose(-1, -2)
 
 

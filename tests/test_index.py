@@ -135,7 +135,9 @@ def test_full_probe_equals_exhaustive_scan(tmp_path, tiny_encoder):
     for granularity in ("passage", "sentence"):
         exact = index.search_vectors(q, q, granularity, top_k=20, exact=True)
         staged = index.search_vectors(q, q, granularity, top_k=20, nprobe=10_000, ncandidates=10_000)
-        assert [(h.passage_id, h.start, h.score) for h in staged] == [(h.passage_id, h.start, h.score) for h in exact]
+        # (exact mode scores in float64, rounded: the same hits, scores equal to float32 rounding)
+        assert [(h.passage_id, h.start) for h in staged] == [(h.passage_id, h.start) for h in exact]
+        assert [h.score for h in staged] == pytest.approx([h.score for h in exact], abs=1e-5)
 
 
 @settings(max_examples=15, deadline=None)

@@ -171,3 +171,27 @@ def test_ray_flag_without_ray_says_how_to_install(monkeypatch, tmp_path, coral_f
     assert "pip install 'agrame[ray]'" in capsys.readouterr().err and not (tmp_path / "x").exists()
     assert main(["index", "-p", str(coral_file), "-i", str(tmp_path / "x"), "--workers", "2"]) == 2
     assert "--workers and --resume go with --ray" in capsys.readouterr().err
+
+
+def test_exact_search_is_bit_identical_at_any_shard_count_with_ties(tmp_path, tiny_encoder):
+    """Issue 41, item 5: exact mode returns exactly the single index's top-k — same passages, order and
+    float scores — for S = 2, 3, 5, 8. Duplicated texts under other ids tie exactly: ties go by passage id
+    wherever they are stored; scores do not depend on the batch a passage is scored in."""
+    base = _many(40)
+    passages = base + [Passage(f"dup-{i}", base[i].text) for i in range(0, 40, 3)]
+    single_path = tmp_path / "one"
+    build_compressed(tiny_encoder, passages, single_path, progress=False, chunk_passages=7)
+    single = Index(single_path, model=tiny_encoder)
+    queries = QUERIES + [p.text.split(":")[1][:40] for p in base[:12]]
+
+    def key(index, q, g):
+        return [(h.passage_id, h.start, h.end, h.score) for h in index.search(q, g, top_k=10, exact=True)]
+
+    want = {(q, g): key(single, q, g) for q in queries for g in ("passage", "sentence")}
+    assert any(len({h[3] for h in hits}) < len(hits) for hits in want.values()), "no tie was tested"
+    for shards in (2, 3, 5, 8):
+        build_sharded(tiny_encoder, passages, tmp_path / f"sh{shards}", shards, codec=single.store.codec,
+                      progress=False, chunk_passages=5)
+        sharded = ShardedIndex(tmp_path / f"sh{shards}", model=tiny_encoder)
+        got = {(q, g): key(sharded, q, g) for q in queries for g in ("passage", "sentence")}
+        assert got == want, shards

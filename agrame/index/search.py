@@ -25,7 +25,7 @@ import torch
 
 from .. import scoring
 from ..encoder import Encoder
-from ..ranker import GRANULARITIES, Ranker, ScoredSpan, rank_corpus
+from ..ranker import GRANULARITIES, Ranker, ScoredSpan, hit_order, rank_corpus
 from .base import BaseIndex
 from .format import FORMAT_V1, IndexFolderError, SearchSettings, load_index_model, read_manifest
 from .store import Store
@@ -365,21 +365,26 @@ class Index(BaseIndex):
     def _spans(self, corpus):
         return Ranker._span_table(corpus, None) if corpus.spans else {}
 
-    def _score(self, q, s, pids: np.ndarray, granularity: str, top_k, alpha: float) -> List[ScoredSpan]:
-        """Stage 3: decompress ``pids`` and score them exactly."""
+    def _score(self, q, s, pids: np.ndarray, granularity: str, top_k, alpha: float,
+               exact: bool = False) -> List[ScoredSpan]:
+        """Stage 3: decompress ``pids`` and score them exactly (``exact``: batch-independent
+        scores, and the ties at the k-th kept for the caller's cut, :meth:`_exhaustive`)."""
         if len(pids) == 0:
             return []
         corpus = self.store.corpus(pids, with_sentences=granularity != "passage", with_offsets=granularity == "span")
+        table = None
         if granularity == "span":
             table = self._spans(corpus)
             if not table:
                 return []
-            return rank_corpus(q, s, corpus, "span", alpha=alpha, top_k=top_k, span_table=table)
-        return rank_corpus(q, s, corpus, granularity, alpha=alpha, top_k=top_k)
+        return rank_corpus(q, s, corpus, granularity, alpha=alpha, top_k=top_k, span_table=table,
+                           precise=exact, keep_ties=exact)
 
     def _exhaustive(self, q, s, granularity: str, top_k, alpha: float,
                     allowed: Optional[np.ndarray] = None) -> List[ScoredSpan]:
-        """Every allowed passage decompressed and scored, chunk by chunk; top-k merged (ties: index order)."""
+        """Every allowed passage decompressed and scored, chunk by chunk; top-k merged in the total
+        order of hits (:func:`~agrame.ranker.hit_order`: ties by passage id), so that any sharding
+        of the same passages answers exactly the same."""
         store = self.store
         positions = np.arange(len(store)) if allowed is None else np.flatnonzero(allowed)
         ends = np.cumsum(store.doclens[positions])
@@ -389,9 +394,9 @@ class Index(BaseIndex):
             base = ends[lo - 1] if lo else 0
             hi = int(np.searchsorted(ends, base + EXACT_CHUNK_TOKENS, side="right"))
             hi = min(max(hi, lo + 1), len(positions))
-            hits.extend(self._score(q, s, positions[lo:hi], granularity, top_k, alpha))
+            hits.extend(self._score(q, s, positions[lo:hi], granularity, top_k, alpha, exact=True))
             lo = hi
-        hits.sort(key=lambda h: -h.score)  # stable: equal scores keep index order
+        hits.sort(key=hit_order)
         return hits[:top_k] if top_k is not None else hits
 
 

@@ -32,7 +32,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, 
 from .. import __version__
 from ..corpus import Passage
 from ..encoder import Encoder
-from ..ranker import ScoredSpan
+from ..ranker import ScoredSpan, hit_order
 from .base import BaseIndex
 from .codec import ResidualCodec
 from .format import (FORMAT_SHARDED, MAX_SHARDS, SHARDS_FILE, IndexFolderError, is_sharded,
@@ -207,8 +207,8 @@ class SearchResults(list):
 
 
 def merge_hits(per_shard: Sequence[Sequence[ScoredSpan]], top_k: Optional[int]) -> List[ScoredSpan]:
-    """Top-k of several shards' top-k by exact score (ties: lower shard first, then its own order)."""
-    merged = sorted((h for hits in per_shard for h in hits), key=lambda h: -h.score)
+    """Top-k of several shards' top-k by exact score (:func:`hit_order`)."""
+    merged = sorted((h for hits in per_shard for h in hits), key=hit_order)
     return merged if top_k is None else merged[:top_k]
 
 
