@@ -195,3 +195,46 @@ def test_exact_search_is_bit_identical_at_any_shard_count_with_ties(tmp_path, ti
         sharded = ShardedIndex(tmp_path / f"sh{shards}", model=tiny_encoder)
         got = {(q, g): key(sharded, q, g) for q in queries for g in ("passage", "sentence")}
         assert got == want, shards
+
+
+def test_shard_budgets_split_one_search_and_share_the_centroid_scores(tmp_path, tiny_encoder, monkeypatch):
+    """Issue 41, item 5: S shards decompress about one search's survivors between them (their shares of
+    the budget plus a binomial margin), not S searches' worth, and score the query against the shared
+    codec's centroids once."""
+    from agrame.index import search as search_module
+    from agrame.index.search import shard_budget
+
+    assert shard_budget(256, 1.0) == 256 and shard_budget(256, 0.5) == 128 + 25
+    assert shard_budget(4, 0.01) == 2 and shard_budget(1, 0.3) == 1
+    for n in (10, 100, 1000):
+        for share in (0.05, 0.125, 0.25, 0.5):
+            assert n * share <= shard_budget(n, share) <= n
+    passages = _many(60)
+    build_sharded(tiny_encoder, passages, tmp_path / "sh", 4, progress=False, chunk_passages=8)
+    sharded = ShardedIndex(tmp_path / "sh", model=tiny_encoder)
+    single_path = tmp_path / "one"
+    build_compressed(tiny_encoder, passages, single_path, codec=sharded.shards[0].store.codec, progress=False)
+    single = Index(single_path, model=tiny_encoder)
+    scored, given = [], []
+    real_score, real_candidates = search_module.Index._score, search_module.Index.candidates
+
+    def spy_score(self, q, s, pids, *args, **kw):
+        scored.append(len(pids))
+        return real_score(self, q, s, pids, *args, **kw)
+
+    def spy_candidates(self, q, nprobe, ncandidates, allowed=None, centroid_scores=None):
+        given.append(centroid_scores)
+        return real_candidates(self, q, nprobe, ncandidates, allowed, centroid_scores)
+
+    monkeypatch.setattr(search_module.Index, "_score", spy_score)
+    monkeypatch.setattr(search_module.Index, "candidates", spy_candidates)
+    q, s = single.encode_query("coral bleaching", "passage")
+    single.search_vectors(q, s, "passage", 10, ncandidates=24)
+    alone = scored.pop()
+    scored.clear()
+    given.clear()
+    hits = sharded.search_vectors(q, s, "passage", 10, ncandidates=24)
+    lives = [len(shard) for shard in sharded.shards]
+    assert sum(scored) <= sum(shard_budget(alone, live / sum(lives)) for live in lives) < 4 * alone
+    assert len(given) == 4 and all(g is given[0] and g is not None for g in given)  # one centroid product
+    assert len(hits) == 10

@@ -286,9 +286,15 @@ class Index(BaseIndex):
                        top_k: Optional[int] = 10, *, exact: bool = False, nprobe: Optional[int] = None,
                        ncandidates: Optional[int] = None, per_hit: Optional[int] = None,
                        alpha: Optional[float] = None, filter=None,
-                       allowed: Optional[np.ndarray] = _UNSET) -> List[ScoredSpan]:
+                       allowed: Optional[np.ndarray] = _UNSET, share: Optional[float] = None,
+                       centroid_scores: Optional[torch.Tensor] = None) -> List[ScoredSpan]:
         """:meth:`search` with query vectors already encoded (``Ranker.encode_query``); ``allowed``
-        (a mask from :meth:`allowed`) instead of ``filter`` when it is already computed."""
+        (a mask from :meth:`allowed`) instead of ``filter`` when it is already computed.
+
+        For a shard of a sharded index (:class:`~agrame.index.sharded.ShardedIndex`): ``share``, the
+        part of the whole's live passages it holds, makes its candidate budget its share of the
+        whole's (:func:`shard_budget`) instead of a whole search's; ``centroid_scores``, the query's
+        scores against the codec's centroids when every shard shares the codec (computed once)."""
         self._check(granularity, top_k)
         if allowed is _UNSET:
             allowed = self.allowed(filter)
@@ -309,11 +315,13 @@ class Index(BaseIndex):
         per_hit = self.defaults.per_hit if per_hit is None else int(per_hit)
         if top_k is not None and granularity == "passage":
             ncandidates = max(ncandidates, per_hit * top_k, top_k)
-        survivors = np.sort(self.candidates(q, nprobe, ncandidates, allowed))
+        if share is not None:
+            ncandidates = shard_budget(ncandidates, share)
+        survivors = np.sort(self.candidates(q, nprobe, ncandidates, allowed, centroid_scores))
         return self._score(q, s, survivors, granularity, top_k, alpha)
 
     def candidates(self, q: torch.Tensor, nprobe: int, ncandidates: int,
-                   allowed: Optional[np.ndarray] = None) -> np.ndarray:
+                   allowed: Optional[np.ndarray] = None, centroid_scores: Optional[torch.Tensor] = None) -> np.ndarray:
         """Stages 1–2: the ``ncandidates`` passages with the best centroid-approximated scores.
 
         ``allowed`` (a mask of positions: live and admitted by a filter) restricts the inverted lists
@@ -323,7 +331,7 @@ class Index(BaseIndex):
         passages or every centroid is probed, so a filtered search never runs short of candidates
         that exist."""
         store = self.store
-        cs = scoring.similarity(q.float(), self._centroids)  # [Lq, K]
+        cs = scoring.similarity(q.float(), self._centroids) if centroid_scores is None else centroid_scores  # [Lq, K]
         if allowed is not None:
             count = int(allowed.sum())
             if count <= PRUNE_FACTOR * ncandidates:
@@ -398,6 +406,15 @@ class Index(BaseIndex):
             lo = hi
         hits.sort(key=hit_order)
         return hits[:top_k] if top_k is not None else hits
+
+
+def shard_budget(ncandidates: int, share: float) -> int:
+    """Candidates of a shard holding ``share`` of the passages when the whole's budget is
+    ``ncandidates``: if the whole's best ``ncandidates`` fall on the shards like random draws, a
+    shard receives Binomial(n, share) of them — its mean plus three standard deviations (and one)
+    holds them with a margin, chosen by that argument, not on any measured split."""
+    mean = ncandidates * min(1.0, max(0.0, share))
+    return max(1, min(ncandidates, int(np.ceil(mean + 3 * np.sqrt(mean * (1 - min(1.0, share))))) + 1))
 
 
 def _tokenizer(index: "Index", manifest: dict):

@@ -29,7 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
-from .. import __version__
+import numpy as np
+
+from .. import __version__, scoring
 from ..corpus import Passage
 from ..encoder import Encoder
 from ..ranker import ScoredSpan, hit_order
@@ -353,11 +355,36 @@ class ShardedIndex(ShardedWrites, BaseIndex):
 
     def search_vectors(self, q, s, granularity: str = "sentence", top_k: Optional[int] = 10, *,
                        filter=None, **options) -> SearchResults:
-        def one(shard):
+        """Staged search splits one search's cost over the shards instead of running a whole one
+        in each: each shard's candidate budget is its share of the passages (``shard_budget``), and
+        the query's centroid scores are computed once when the shards share their codec (as built).
+        Exact mode scores every passage in every shard and merges in the total order of hits."""
+        shared = {}
+        if not options.get("exact") and self.num_shards > 1:
+            lives = [len(shard) for shard in self.shards]
+            total = max(1, sum(lives))
+            centroids = self._shared_centroids()
+            cs = None if centroids is None else scoring.similarity(q.float(), centroids)
+            shared = {i: {"share": live / total, "centroid_scores": cs} for i, live in enumerate(lives)}
+
+        def one(i):
+            shard = self.shards[i]
             if granularity == "span" and not shard.manifest.get("has_spans"):
                 return []
-            return shard.search_vectors(q, s, granularity, top_k, filter=filter, **options)
-        return SearchResults(merge_hits(self._map(one, self.shards), top_k))
+            return shard.search_vectors(q, s, granularity, top_k, filter=filter, **options, **shared.get(i, {}))
+        return SearchResults(merge_hits(self._map(one, range(self.num_shards)), top_k))
+
+    def _shared_centroids(self):
+        """The codec's centroids when every shard holds the same ones (checked once per set of opened
+        generations), else None."""
+        stores = tuple((shard.path, shard.manifest.get("generation", 1)) for shard in self.shards)
+        if getattr(self, "_centroids_for", None) != stores:
+            first = self.shards[0]
+            same = first.store is not None and all(
+                shard.store is not None and np.array_equal(shard.store.codec.centroids, first.store.codec.centroids)
+                for shard in self.shards[1:])
+            self._centroids_for, self._centroids = stores, (first._centroids if same else None)
+        return self._centroids
 
     def _by_shard(self, passage_ids: Sequence[str]) -> Dict[int, List[str]]:
         groups: Dict[int, List[str]] = {}
