@@ -88,16 +88,34 @@ def test_a_build_without_workers_fits_one_cpu_nodes(two_nodes, tmp_path, tiny_mo
 
 
 _SERVE = """
-import json, sys
+import json, os, sys
 from agrame.index.distributed import RayShardedIndex
-index = RayShardedIndex(sys.argv[2], model=sys.argv[3], address=sys.argv[1], timeout=90)
+from agrame.index.sharded import ShardUnavailableError
+hold = sys.argv[2] + ".hold"
+index = RayShardedIndex(sys.argv[2], model=sys.argv[3], address=sys.argv[1], timeout=90, restart_hold=hold)
 hits = index.search("coral reef", "passage", top_k=5, exact=True)
+whole = len(index)
+# honest health on the 1-CPU nodes: a shard whose actor restarts is reported, then recovers
+open(hold, "w").close()
+index.ray.get(index.actors[1].crash_on_next_call.remote())
+try:
+    index.search("coral reef", "passage", top_k=5)
+    raise SystemExit("a search with shard 1 down answered")
+except ShardUnavailableError as exc:
+    assert exc.missing == [1] and not exc.permanent, exc
+down = index.unavailable()
+count = index.count(allow_partial=True)
+assert [d["shard"] for d in down] == [1] and not down[0]["permanent"], down
+assert count.partial and count.missing_shards == [1] and count < whole, (count, whole)
+os.remove(hold)
+index.wait_ready(120)
+assert index.unavailable() == [] and len(index) == whole
 print(json.dumps([[h.passage_id, round(h.score, 4)] for h in hits]))
 index.close()
 """
 
 
-def test_three_shards_start_on_two_one_cpu_nodes(two_nodes, tmp_path, tiny_encoder, tiny_model_dir):
+def test_three_shards_start_on_two_one_cpu_nodes_and_report_a_restarting_one(two_nodes, tmp_path, tiny_encoder, tiny_model_dir):
     import json
 
     from agrame.io import read_passages
