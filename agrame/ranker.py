@@ -247,16 +247,17 @@ def rank_corpus(
     span_table: Optional[Dict[int, List[Tuple[Tuple[int, int], ...]]]] = None,
     chunk_tokens: int = CHUNK_TOKENS,
     precise: bool = False,
-    keep_ties: bool = False,
+    keep_within: Optional[float] = None,
 ) -> List[ScoredSpan]:
     """Exact scoring of a corpus (:func:`score_corpus`), then the top-k units as ``ScoredSpan``s.
 
-    ``keep_ties``: also every unit tied with the k-th (so that a caller merging several corpora can
-    order ties its own way and still cut exactly)."""
+    ``keep_within``: also every unit scoring within this of the k-th (0: its ties), so that a caller
+    merging several corpora can re-score or order the units near the cut its own way and still cut
+    exactly."""
     passage_scores, sentence_scores, span_results = score_corpus(
         q_vecs, s_vecs, corpus, granularity, span_table=span_table, chunk_tokens=chunk_tokens, precise=precise)
     if granularity == "passage":
-        order = _top(passage_scores, top_k, keep_ties)
+        order = _top(passage_scores, top_k, keep_within)
         return [ScoredSpan(corpus.ids[p], 0, len(corpus.texts[p]), float(passage_scores[p]),
                            float(passage_scores[p]), float(passage_scores[p]), corpus.texts[p],
                            ((0, len(corpus.texts[p])),)) for p in order]
@@ -264,7 +265,7 @@ def rank_corpus(
         owners = corpus.sentence_passage
         combined = scoring.combined_score(sentence_scores, passage_scores[owners], alpha)
         out = []
-        for s in _top(combined, top_k, keep_ties):
+        for s in _top(combined, top_k, keep_within):
             p = int(owners[s])
             start, end = (int(x) for x in corpus.sentences[s])
             out.append(ScoredSpan(corpus.ids[p], start, end, float(combined[s]), float(sentence_scores[s]),
@@ -274,7 +275,7 @@ def rank_corpus(
     owners = torch.tensor([p for p, _, _ in span_results], dtype=torch.long)
     combined = scoring.combined_score(span_scores, passage_scores[owners], alpha)
     out = []
-    for i in _top(combined, top_k, keep_ties):
+    for i in _top(combined, top_k, keep_within):
         p, pieces, _ = span_results[i]
         text = corpus.texts[p]
         out.append(ScoredSpan(corpus.ids[p], pieces[0][0], pieces[-1][1], float(combined[i]),
@@ -309,12 +310,12 @@ def hit_order(hit: ScoredSpan) -> tuple:
     return (-hit.score, hit.passage_id, hit.start, hit.end)
 
 
-def _top(scores: torch.Tensor, k: Optional[int], keep_ties: bool = False) -> List[int]:
+def _top(scores: torch.Tensor, k: Optional[int], keep_within: Optional[float] = None) -> List[int]:
     # Stable descending sort: ties keep corpus order, so results are deterministic.
     order = torch.sort(scores, descending=True, stable=True).indices
     order = order[torch.isfinite(scores[order])]
     if k is None or k >= len(order):
         return order.tolist()
-    if keep_ties:
-        k = int((scores[order] >= scores[order[k - 1]]).sum())
+    if keep_within is not None:
+        k = int((scores[order] >= scores[order[k - 1]] - keep_within).sum())
     return order[:k].tolist()

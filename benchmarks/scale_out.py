@@ -135,7 +135,7 @@ def sharded_pool(vectors: PoolVectors, shards: int) -> Path:
 
 
 def _key(hits) -> List[tuple]:
-    return [(h.passage_id, h.start, h.end, round(h.score, 4)) for h in hits]
+    return [(h.passage_id, h.start, h.end, h.score) for h in hits]  # strict: the float itself
 
 
 def cmd_search(args) -> None:

@@ -35,6 +35,19 @@ from .writer import DEFAULT_COMPACT_THRESHOLD
 PRUNE_FACTOR = 4
 #: Passages per exhaustive (``exact``) scoring chunk.
 EXACT_CHUNK_TOKENS = 65_536
+
+
+def exact_margin(q: torch.Tensor, s: Optional[torch.Tensor], alpha: float) -> float:
+    """How far a float32 score can be from its float64 value, doubled for room: a float32 dot
+    product of unit d-vectors is off by at most d·u (u = 2⁻²⁴; Higham's bound with Σ|xᵢyᵢ| ≤ 1), a
+    score sums L query tokens' maxima (L·d·u, plus L·L·u for the sum itself), and a sentence's adds
+    α·S(q,p) — 1.2e-3 for 32 query tokens, d = 384, α = 0.5."""
+    u = 2.0 ** -24
+    d = q.shape[-1]
+    bound = lambda n: n * (d + n) * u  # noqa: E731
+    lq = q.shape[0]
+    ls = lq if s is None else s.shape[0]
+    return 2 * (bound(ls) + abs(alpha) * bound(lq))
 #: Tries to open a generation while writers keep committing newer ones.
 OPEN_ATTEMPTS = 5
 _UNSET = object()
@@ -374,9 +387,9 @@ class Index(BaseIndex):
         return Ranker._span_table(corpus, None) if corpus.spans else {}
 
     def _score(self, q, s, pids: np.ndarray, granularity: str, top_k, alpha: float,
-               exact: bool = False) -> List[ScoredSpan]:
-        """Stage 3: decompress ``pids`` and score them exactly (``exact``: batch-independent
-        scores, and the ties at the k-th kept for the caller's cut, :meth:`_exhaustive`)."""
+               precise: bool = False, keep_within: Optional[float] = None) -> List[ScoredSpan]:
+        """Stage 3: decompress ``pids`` and score them exactly (``precise``, ``keep_within``: see
+        :func:`~agrame.ranker.rank_corpus`, for :meth:`_exhaustive`)."""
         if len(pids) == 0:
             return []
         corpus = self.store.corpus(pids, with_sentences=granularity != "passage", with_offsets=granularity == "span")
@@ -386,24 +399,35 @@ class Index(BaseIndex):
             if not table:
                 return []
         return rank_corpus(q, s, corpus, granularity, alpha=alpha, top_k=top_k, span_table=table,
-                           precise=exact, keep_ties=exact)
+                           precise=precise, keep_within=keep_within)
 
     def _exhaustive(self, q, s, granularity: str, top_k, alpha: float,
                     allowed: Optional[np.ndarray] = None) -> List[ScoredSpan]:
         """Every allowed passage decompressed and scored, chunk by chunk; top-k merged in the total
-        order of hits (:func:`~agrame.ranker.hit_order`: ties by passage id), so that any sharding
-        of the same passages answers exactly the same."""
+        order of hits (:func:`~agrame.ranker.hit_order`: ties by passage id), with scores that do not
+        depend on the batch (float64, :func:`agrame.scoring.similarity`), so that any sharding of the
+        same passages answers exactly the same. The scan itself runs in float32 and keeps every unit
+        within :func:`exact_margin` of the k-th; only their passages are scored again in float64."""
         store = self.store
         positions = np.arange(len(store)) if allowed is None else np.flatnonzero(allowed)
         ends = np.cumsum(store.doclens[positions])
         hits: List[ScoredSpan] = []
+        margin = exact_margin(q, s, alpha)
         lo = 0
         while lo < len(positions):
             base = ends[lo - 1] if lo else 0
             hi = int(np.searchsorted(ends, base + EXACT_CHUNK_TOKENS, side="right"))
             hi = min(max(hi, lo + 1), len(positions))
-            hits.extend(self._score(q, s, positions[lo:hi], granularity, top_k, alpha, exact=True))
+            hits.extend(self._score(q, s, positions[lo:hi], granularity, top_k, alpha,
+                                    precise=top_k is None, keep_within=margin))
             lo = hi
+        if top_k is not None and hits:
+            hits.sort(key=lambda h: -h.score)
+            cut = hits[min(top_k, len(hits)) - 1].score - margin
+            near = sorted({h.passage_id for h in hits if h.score >= cut})
+            found = store.position_of(near)
+            hits = self._score(q, s, np.sort(np.array([found[pid] for pid in near], dtype=np.int64)), granularity,
+                               None, alpha, precise=True)
         hits.sort(key=hit_order)
         return hits[:top_k] if top_k is not None else hits
 
