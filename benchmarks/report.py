@@ -994,6 +994,35 @@ def render_hardening(results: List[dict]) -> str:
     return "\n".join(out)
 
 
+def render_safety(results: List[dict]) -> str:
+    """Issue 40's hostile probes (``python -m benchmarks.safety race|layouts|meta-flips|bounds``)."""
+    out = ["## Data safety: hostile probes", ""]
+    by = {r["probe"]: r for r in results}
+    r = by.get("race")
+    if r:
+        out += [f"Concurrent fresh builds of one new path ({r['model']}): {r['trials']} trials, **{r['silent_losses']} "
+                f"silent losses**, {r['losers_exit_2']} losers exit 2, {r['both_succeeded']} both succeeded, "
+                f"{r['tracebacks']} tracebacks, {len(r['leftovers'])} leftovers.", ""]
+    r = by.get("layouts")
+    if r:
+        out += [f"Folders that are not indexes (copied manifests, user files beside or inside an index): "
+                f"{r['layouts']} layouts, {r['commands']} commands, **{r['touched']} user files touched**, "
+                f"{r['exit_0']} exit 0 on a fake index, {r['tracebacks']} tracebacks.", ""]
+    r = by.get("meta-flips")
+    if r:
+        out += [f"`meta.sqlite` value flips: {r['flips']} flips, {r['refused_naming_file']} refused naming the file, "
+                f"**{r['silently_different']} silently different answers**, {r['other_errors']} other errors.", ""]
+    r = by.get("bounds")
+    if r:
+        c, h, m = r["cli"], r["http"], r["memory"]
+        out += [f"Wide, deep and large inputs: CLI {c['cases']} cases, {c['exit_not_2']} not exit 2, "
+                f"**{c['tracebacks']} tracebacks**; HTTP {h['cases']} cases, **{h['5xx']} 5xx**, {h['wrong_shape']} "
+                f"wrongly shaped, {h['tracebacks_logged']} tracebacks logged; memory during {m['requests']}: idle "
+                f"{m['idle_rss_mb']} MB, peak {m['peak_rss_mb']} MB = **{m['ratio']}×**.", ""]
+    out.append(_commands(results))
+    return "\n".join(out)
+
+
 def render_scale_out(results: List[dict]) -> str:
     out = ["## Scale-out: Ray builds and sharded search", ""]
     for r in (r for r in results if r["what"].startswith("build")):
@@ -1116,6 +1145,7 @@ RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     "lifecycle": render_lifecycle,
     "fault": render_fault,
     "hardening": render_hardening,
+    "safety": render_safety,
     "scale_out": render_scale_out,
     "e5": render_e5,
     "export_parity": render_export_parity,

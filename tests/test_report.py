@@ -225,3 +225,12 @@ def test_e5_candidate_without_a_twin_says_so():
     section = text.split("Targets of `e5-student-cpu`")[1]
     assert "| sentence P@1 − zero-shot MiniLM (≥ +5) | +4.0 (missed) | – |" in section
     assert "| sentence P@1 − its passage-only twin (≥ +3) | – (no twin trained) | – (no twin trained) |" in section
+
+
+def test_every_committed_result_renders(tmp_path):
+    """benchmarks/README.md is made from benchmarks/results: a result kind without a renderer (or one
+    a renderer cannot read) stops the report, so it is caught here rather than when someone regenerates it."""
+    from benchmarks.report import RESULTS, build
+
+    text = build(RESULTS, chart=None)
+    assert "## Data safety: hostile probes" in text and "## Crash safety" in text
