@@ -535,11 +535,18 @@ SCALED_ROWS = (("zero-shot", "zero-shot MiniLM (the default today)"),
                                       "DPR questions and Wikipedia statements in the mix; mixed under the guard sets)"),
                ("big-agrame-distill-g2000", "the same student mixed under 2,000-question guard sets (λ = 0.25, the "
                                             "only admissible mix)"),
-               ("big-colbert-distill", "passage loss only, scaled with self-distillation (the same data; mixed alike)"))
-SCALED_CANDIDATES = ("big-agrame", "big-agrame-guarded", "big-agrame-distill", "big-agrame-distill-g2000")
+               ("big-colbert-distill", "passage loss only, scaled with self-distillation (the same data; mixed alike)"),
+               # issue 39: ../shared/models' students, 2,100 steps on one H200, mixed by training/gpu_students.sh
+               ("gpu-agrame", "AGRaME, the same recipe trained 2,100 steps on a GPU (`gpu2100-agrame`; mixed under "
+                              "the guard sets: λ = 0.25)"),
+               ("gpu-agrame128", "the same from the 128-d start (`gpu2100-agrame128`)"),
+               ("gpu-colbert", "its passage-loss-only twin (`gpu2100-colbert`, mixed alike)"))
+SCALED_CANDIDATES = ("big-agrame", "big-agrame-guarded", "big-agrame-distill", "big-agrame-distill-g2000",
+                     "gpu-agrame", "gpu-agrame128")
 # The passage-loss-only model each candidate is held against: the one trained on the same data (the issue's
 # "same data, negatives and steps"); big-colbert otherwise.
-SCALED_BASELINE = {"big-agrame-distill": "big-colbert-distill", "big-agrame-distill-g2000": "big-colbert-distill"}
+SCALED_BASELINE = {"big-agrame-distill": "big-colbert-distill", "big-agrame-distill-g2000": "big-colbert-distill",
+                   "gpu-agrame": "gpu-colbert", "gpu-agrame128": "gpu-colbert"}
 SCALED_BASELINES = ("big-colbert", *SCALED_BASELINE.values())
 SCALED_DATASETS = (  # (benchmark, dataset, unit, sub-unit, title)
     ("open_domain", "squad-dev", "psg_p1", "sent_p1", "squad-dev (2,000)"),
@@ -1043,14 +1050,17 @@ def render_scale_out(results: List[dict]) -> str:
                 f"{r['queries']}; {r['threads']} threads, query encoding excluded). Single index: sentence top 10 "
                 f"{single['sentence']['ms_median']} / {single['sentence']['ms_p95']} ms, passage top 100 "
                 f"{single['passage']['ms_median']} / {single['passage']['ms_p95']} ms (median / p95).", "",
-                "| shards | sentence top 10 ms (median / p95) | same top-1 sentence as exhaustive | exact mode identical | "
-                "passage top 100 ms (median / p95) | top-100 overlap with exhaustive | exact mode identical |",
+                "| shards | sentence top 10 ms (median / p95; median × single) | same top-1 sentence as exhaustive | exact "
+                "mode identical | passage top 100 ms (median / p95; × single) | top-100 overlap with exhaustive | exact "
+                "mode identical |",
                 "|---|---:|---:|---:|---:|---:|---:|"]
         for name, row in r["sharded"].items():
             s_, p_ = row["sentence"], row["passage"]
-            out.append(f"| {name} | {s_['ms_median']} / {s_['ms_p95']} | "
+            ratio = {g: f" ({row[g]['ms_median'] / single[g]['ms_median']:.2f}×)" if single[g]["ms_median"] else ""
+                     for g in ("sentence", "passage")}
+            out.append(f"| {name} | {s_['ms_median']} / {s_['ms_p95']}{ratio['sentence']} | "
                        f"{100 * s_['staged_same_top1_sentence_as_exhaustive']:.1f}% | {s_['exact_mode_identical_top_k']} | "
-                       f"{p_['ms_median']} / {p_['ms_p95']} | "
+                       f"{p_['ms_median']} / {p_['ms_p95']}{ratio['passage']} | "
                        f"{100 * p_['staged_top100_overlap_with_exhaustive']:.1f}% | {p_['exact_mode_identical_top_k']} |")
         out.append("")
     for r in (r for r in results if r["what"].startswith("exact mode")):

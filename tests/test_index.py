@@ -435,3 +435,28 @@ def test_sentence_rows_refuse_a_gap_inside_a_sentence():
     assert rows([(0, 0), (0, 2), (3, 5), (5, 6), (7, 9)]).tolist() == [[1, 4], [4, 5]]
     with pytest.raises(IndexFolderError, match="passage 'p': the tokens of a sentence are not consecutive"):
         rows([(0, 0), (0, 2), (3, 3), (3, 5), (7, 9)])  # a zero-width token between two of sentence 0
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), share=st.sampled_from([0.01, 0.05, 0.2, 0.5, 0.9]), k=st.integers(1, 30))
+def test_filtered_search_equals_the_filtered_exhaustive_scan(tmp_path_factory, tiny_encoder, seed, share, k):
+    """Issue 41's filter test: with budgets that cover every allowed passage, a filtered staged search is
+    the filtered exhaustive scan (same units, same order); with the default budgets it still fills k
+    whenever k passages match, from allowed passages only."""
+    items, corpus, rng = _synthetic(seed)
+    allowed = rng.random(len(items)) < share
+    items = [Passage(p.id, p.text, metadata={"ok": bool(a)}) for p, a in zip(items, allowed)]
+    path = tmp_path_factory.mktemp("ix") / "ix"
+    build_compressed(tiny_encoder, items, path, encoded=corpus, progress=False, store_offsets=True)
+    index = Index(path, model=tiny_encoder)
+    q = torch.from_numpy(_unit(rng.normal(size=(5, 16))).astype(np.float32))
+    matching = {p.id for p, a in zip(items, allowed) if a}
+    for granularity in ("passage", "sentence"):
+        exact = index.search_vectors(q, q, granularity, top_k=k, exact=True, filter={"ok": True})
+        staged = index.search_vectors(q, q, granularity, top_k=k, nprobe=10_000, ncandidates=10_000,
+                                      filter={"ok": True})
+        assert [(h.passage_id, h.start) for h in staged] == [(h.passage_id, h.start) for h in exact]
+        default = index.search_vectors(q, q, granularity, top_k=k, filter={"ok": True})
+        assert {h.passage_id for h in default} <= matching
+        if granularity == "passage":
+            assert len(default) == min(k, len(matching))
