@@ -647,21 +647,8 @@ def _cmd_qrels(args) -> int:
 
     pool = _dataset_step(load_pool)
     questions = sample(_dataset_step(load_questions, args.dataset, pool), args.limit, args.seed)
-    spans_of = None
-    if args.index is not None:
-        from agrame.index.sharded import open_index
-
-        index = open_index(args.index)
-        name = (lambda p: pool.ids[p]) if args.ids == "source" else str
-
-        def spans_of(p: int):
-            try:
-                return index.sentence_spans(name(p))
-            except ValueError:
-                raise UsageError(f"--index {args.index}: no passage {name(p)!r} of the pooled corpus (was it "
-                                 f"built from agrame qrels --corpus-out, with --ids {args.ids}?)") from None
-
-    table = qrels(args.dataset, questions, pool, args.granularity, spans_of, ids=args.ids)
+    table = qrels(args.dataset, questions, pool, args.granularity,
+                  None if args.index is None else _index_spans(args, pool), ids=args.ids)
     with atomic_text_file(args.out) as out:
         for qid, judged in table.items():
             out.writelines(f"{qid} 0 {doc} {rel}\n" for doc, rel in judged.items())
@@ -679,6 +666,22 @@ def _cmd_qrels(args) -> int:
           + (f" ({left} without gold {args.granularity}s, as the benchmark leaves them out)" if left else "")
           + (f" → {args.out}" if args.out != "-" else ""), file=sys.stderr)
     return 0
+
+
+def _index_spans(args, pool):
+    """Sentence spans of pool passages as the index ``--index`` holds them (by ``--ids``)."""
+    from agrame.index.sharded import open_index
+
+    index = open_index(args.index)
+    name = (lambda p: pool.ids[p]) if args.ids == "source" else str
+
+    def spans_of(p: int):
+        try:
+            return index.sentence_spans(name(p))
+        except ValueError:
+            raise UsageError(f"--index {args.index}: no passage {name(p)!r} of the pooled corpus (was it "
+                             f"built from agrame qrels --corpus-out, with --ids {args.ids}?)") from None
+    return spans_of
 
 
 def _dataset_step(step, *args):
