@@ -573,10 +573,7 @@ class RayShardedIndex(ShardedWrites, BaseIndex):
         return ""
 
     def _unavailable_error(self, missing: Sequence[int]) -> ShardUnavailableError:
-        states = [self._down[s] for s in missing]
-        reasons = sorted({st["reason"] for st in states})
-        reason = reasons[0] if len(reasons) == 1 else "; ".join(f"shard {st['shard']}: {st['reason']}" for st in states)
-        return ShardUnavailableError(missing, reason, permanent=any(st["permanent"] for st in states))
+        return ShardUnavailableError.from_states([self._down[s] for s in missing])
 
     def _all(self, method: str, *args, allow_partial: bool = False, **kwargs) -> tuple:
         return self._gather({s: a.call.remote(method, *args, **kwargs) for s, a in enumerate(self.actors)},

@@ -35,19 +35,6 @@ from .writer import DEFAULT_COMPACT_THRESHOLD
 PRUNE_FACTOR = 4
 #: Passages per exhaustive (``exact``) scoring chunk.
 EXACT_CHUNK_TOKENS = 65_536
-
-
-def exact_margin(q: torch.Tensor, s: Optional[torch.Tensor], alpha: float) -> float:
-    """How far a float32 score can be from its float64 value, doubled for room: a float32 dot
-    product of unit d-vectors is off by at most d·u (u = 2⁻²⁴; Higham's bound with Σ|xᵢyᵢ| ≤ 1), a
-    score sums L query tokens' maxima (L·d·u, plus L·L·u for the sum itself), and a sentence's adds
-    α·S(q,p) — 1.2e-3 for 32 query tokens, d = 384, α = 0.5."""
-    u = 2.0 ** -24
-    d = q.shape[-1]
-    bound = lambda n: n * (d + n) * u  # noqa: E731
-    lq = q.shape[0]
-    ls = lq if s is None else s.shape[0]
-    return 2 * (bound(ls) + abs(alpha) * bound(lq))
 #: Tries to open a generation while writers keep committing newer ones.
 OPEN_ATTEMPTS = 5
 _UNSET = object()
@@ -344,7 +331,9 @@ class Index(BaseIndex):
         passages or every centroid is probed, so a filtered search never runs short of candidates
         that exist."""
         store = self.store
-        cs = scoring.similarity(q.float(), self._centroids) if centroid_scores is None else centroid_scores  # [Lq, K]
+        cs = centroid_scores  # [Lq, K]: given by a sharded index that computed it once for all shards
+        if cs is None:
+            cs = scoring.similarity(q.float(), self._centroids)
         if allowed is not None:
             count = int(allowed.sum())
             if count <= PRUNE_FACTOR * ncandidates:
@@ -430,6 +419,19 @@ class Index(BaseIndex):
                                None, alpha, precise=True)
         hits.sort(key=hit_order)
         return hits[:top_k] if top_k is not None else hits
+
+
+def exact_margin(q: torch.Tensor, s: Optional[torch.Tensor], alpha: float) -> float:
+    """How far a float32 score can be from its float64 value, doubled for room: a float32 dot
+    product of unit d-vectors is off by at most d·u (u = 2⁻²⁴; Higham's bound with Σ|xᵢyᵢ| ≤ 1), a
+    score sums L query tokens' maxima (L·d·u, plus L·L·u for the sum itself), and a sentence's adds
+    α·S(q,p) — 1.2e-3 for 32 query tokens, d = 384, α = 0.5."""
+    u = 2.0 ** -24
+    d = q.shape[-1]
+    bound = lambda n: n * (d + n) * u  # noqa: E731
+    lq = q.shape[0]
+    ls = lq if s is None else s.shape[0]
+    return 2 * (bound(ls) + abs(alpha) * bound(lq))
 
 
 def shard_budget(ncandidates: int, share: float) -> int:

@@ -195,6 +195,14 @@ class ShardUnavailableError(RuntimeError):
             super().__init__(f"{shards} did not answer{': ' + reason if reason else ''}; retry, or ask for "
                              "allow_partial")
 
+    @classmethod
+    def from_states(cls, states: Sequence[Mapping]) -> "ShardUnavailableError":
+        """The error for shards in the states ``BaseIndex.unavailable`` reports (``shard``, ``reason``,
+        ``permanent``): lost when any of them is lost for good."""
+        reasons = sorted({st["reason"] for st in states})
+        reason = reasons[0] if len(reasons) == 1 else "; ".join(f"shard {st['shard']}: {st['reason']}" for st in states)
+        return cls([st["shard"] for st in states], reason, permanent=any(st["permanent"] for st in states))
+
 
 class SearchResults(list):
     """Hits, best first; ``missing_shards`` names the shards left out of a partial answer."""
@@ -270,6 +278,8 @@ class ShardedIndex(ShardedWrites, BaseIndex):
             if shard.manifest["model"] != first["model"] or shard.manifest.get("dim") != first.get("dim"):
                 raise IndexFolderError(f"sharded index {self.path} is damaged: {shard.path.name} was built with "
                                        "another model than shard-000")
+        self._centroids_for: Optional[tuple] = None  # the generations _centroids was checked for
+        self._centroids = None
         self._threads = threads or min(self.num_shards, os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="agrame-shard") if self.num_shards > 1 else None
 
@@ -378,7 +388,7 @@ class ShardedIndex(ShardedWrites, BaseIndex):
         """The codec's centroids when every shard holds the same ones (checked once per set of opened
         generations), else None."""
         stores = tuple((shard.path, shard.manifest.get("generation", 1)) for shard in self.shards)
-        if getattr(self, "_centroids_for", None) != stores:
+        if self._centroids_for != stores:
             first = self.shards[0]
             same = first.store is not None and all(
                 shard.store is not None and np.array_equal(shard.store.codec.centroids, first.store.codec.centroids)

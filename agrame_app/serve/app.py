@@ -547,11 +547,9 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
         now = time.time()
         info["unavailable"] = [{**d, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(d["since"])),
                                 "down_s": round(now - d["since"], 1)} for d in down]
-        lost = any(d["permanent"] for d in down)
-        reasons = sorted({d["reason"] for d in down})
-        out.update(status="degraded", error=str(ShardUnavailableError(
-            [d["shard"] for d in down], reasons[0] if len(reasons) == 1 else "; ".join(reasons), permanent=lost)))
-        return JSONResponse(out, status_code=503, headers={} if lost else {"Retry-After": "1"})
+        error = ShardUnavailableError.from_states(down)
+        out.update(status="degraded", error=str(error))
+        return JSONResponse(out, status_code=503, headers={} if error.permanent else {"Retry-After": "1"})
 
     @app.post("/search", dependencies=[Depends(reader)])
     def search(req: SearchRequest):
