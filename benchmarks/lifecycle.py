@@ -112,8 +112,8 @@ def cmd_filter(args) -> None:
     per = {(share, g): {"ms": [], "full": 0, "top1": 0, "overlap": []} for share in SELECTIVITIES
            for g in ("sentence", "passage")}
     # The references first, in a pass of their own: a search timed right after an exhaustive scan of the
-    # pool ran 3-4x slower (the scan's large temporaries leave the allocator cold), which had made the
-    # 10 % passage row 2.3x the unfiltered one on 2026-11-25/26 while searches alone ran 0.8x.
+    # pool runs several times slower (the scan's large temporaries leave the allocator cold), which is what
+    # had made the 10 % passage row cost more than the unfiltered one.
     references = []
     for q, s in tqdm(queries, desc="exhaustive references", disable=None):
         p_scores, s_scores = exhaustive_scores(index, q, s, alpha)
