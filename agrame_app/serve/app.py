@@ -557,7 +557,25 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
         if holder is None:
             raise _Error(404, "this server has no index (start it with --index DIR)")
         check_query(req.query, req.top_k)
-        idx = holder.current()  # one generation for the whole request
+        return _on_current(lambda idx: _search(idx, req))
+
+    def _on_current(answer):
+        """``answer(generation)`` on one generation for the whole request. A writer that replaced the
+        generation meanwhile may have removed its metadata file (SQLite reopens its -wal/-shm files by
+        name, unlike the memory-mapped vectors): the request is then answered once more, whole, from
+        the newer generation."""
+        import sqlite3
+
+        idx = holder.current()
+        try:
+            return answer(idx)
+        except sqlite3.OperationalError:
+            newer = holder.current(wait=True)
+            if newer is idx:
+                raise
+            return answer(newer)
+
+    def _search(idx, req: SearchRequest) -> dict:
         started = time.perf_counter()
         partial = {"allow_partial": True} if req.allow_partial and hasattr(idx, "num_shards") else {}
         cost = search_cost(idx, req)
@@ -583,11 +601,7 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
                 raise _Error(404, "this server has no index: rank given passages instead of ids")
             if len(req.ids) > limits.max_passages:
                 raise _Error(413, f"{len(req.ids)} ids: at most {limits.max_passages} per request")
-            idx = holder.current()
-            hits = idx.rank_ids(req.query, req.ids, req.granularity, top_k=req.top_k, filter=req.filter)
-            explained = _explained(hits, lambda ids: idx.explain_all(req.query, ids)) if req.explain else {}
-            return {"query": req.query, "granularity": req.granularity, "generation": idx.manifest.get("generation", 1),
-                    "results": [_hit(h, explained.get(h.passage_id), _metadata(idx, h.passage_id)) for h in hits]}
+            return _on_current(lambda idx: _rank_ids(idx, req))
         if req.filter is not None:
             raise _Error(400, "filter applies to passages of the index (ids), not to given passages")
         passages = _passages(req.passages, limits)
@@ -597,6 +611,12 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
             explained = _explained(hits, lambda ids: ranker.explain_all(req.query, corpus, ids)) if req.explain else {}
         results = [_hit(h, explained.get(h.passage_id)) for h in hits]
         return {"query": req.query, "granularity": req.granularity, "results": results}
+
+    def _rank_ids(idx, req: RankRequest) -> dict:
+        hits = idx.rank_ids(req.query, req.ids, req.granularity, top_k=req.top_k, filter=req.filter)
+        explained = _explained(hits, lambda ids: idx.explain_all(req.query, ids)) if req.explain else {}
+        return {"query": req.query, "granularity": req.granularity, "generation": idx.manifest.get("generation", 1),
+                "results": [_hit(h, explained.get(h.passage_id), _metadata(idx, h.passage_id)) for h in hits]}
 
     @app.get("/passages/{passage_id}", dependencies=[Depends(reader)])
     def get_passage(passage_id: str):
