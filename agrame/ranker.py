@@ -200,6 +200,8 @@ def score_corpus(
     sentence_scores = torch.full((n_sentences,), scoring.NEG_INF) if granularity == "sentence" else None
     span_results: List[Tuple[int, Tuple[Tuple[int, int], ...], float]] = []
     shared = s_vecs is q_vecs
+    # Vectors that decompress as they are read (agrame.index.codec.CompressedVectors) ask for smaller chunks.
+    chunk_tokens = min(chunk_tokens, getattr(corpus.vectors, "chunk_tokens", chunk_tokens))
     for p_lo, p_hi in _chunks(corpus.passage_starts, chunk_tokens):
         t_lo, t_hi = int(corpus.passage_starts[p_lo]), int(corpus.passage_starts[p_hi])
         vecs = _float32(corpus.vectors[t_lo:t_hi])

@@ -460,3 +460,26 @@ def test_filtered_search_equals_the_filtered_exhaustive_scan(tmp_path_factory, t
         assert {h.passage_id for h in default} <= matching
         if granularity == "passage":
             assert len(default) == min(k, len(matching))
+
+
+@pytest.mark.parametrize("granularity", ["passage", "sentence"])
+def test_lazily_decompressed_vectors_score_as_the_decompressed_corpus(tmp_path, tiny_encoder, monkeypatch, granularity):
+    from agrame.index.codec import CompressedVectors
+    from agrame.ranker import score_corpus
+
+    passages = [Passage(f"p{i}", t) for i, t in enumerate(TEXTS)]
+    build_index(tiny_encoder, passages, tmp_path / "ix", progress=False)
+    store = Index(tmp_path / "ix", model=tiny_encoder).store
+    pids = np.array([3, 0, 2, 1])
+    eager, lazy = store.corpus(pids), store.corpus(pids, lazy=True)
+    assert isinstance(lazy.vectors, CompressedVectors) and lazy.num_tokens == eager.num_tokens
+    rows = np.array([0, 5, 2])
+    assert torch.equal(lazy.vectors[1:7], eager.vectors[1:7]) and torch.equal(lazy.vectors[rows], eager.vectors[rows])
+    monkeypatch.setattr(CompressedVectors, "chunk_tokens", 3)  # several chunks, a passage never split
+    q = tiny_encoder.encode_query("coral reef", "Q").vectors
+    s = tiny_encoder.encode_query("coral reef", "Q'").vectors
+    a = score_corpus(q, s, eager, granularity, precise=True)
+    b = score_corpus(q, s, lazy, granularity, precise=True)
+    assert torch.equal(a.passage, b.passage)
+    if granularity == "sentence":
+        assert torch.equal(a.sentence, b.sentence)

@@ -381,7 +381,8 @@ class Index(BaseIndex):
         :func:`~agrame.ranker.rank_corpus`, for :meth:`_exhaustive`)."""
         if len(pids) == 0:
             return []
-        corpus = self.store.corpus(pids, with_sentences=granularity != "passage", with_offsets=granularity == "span")
+        corpus = self.store.corpus(pids, with_sentences=granularity != "passage", with_offsets=granularity == "span",
+                                   lazy=True)
         table = None
         if granularity == "span":
             table = self._spans(corpus)

@@ -45,7 +45,7 @@ from .. import __version__
 from ..corpus import EncodedCorpus, Passage
 from ..encoder import EncodedPassage, Encoder
 from ..spans import normalize_span, sorted_token_segments, split_sentences
-from .codec import ResidualCodec, num_centroids
+from .codec import CompressedVectors, ResidualCodec, num_centroids
 from .format import (FORMAT_V2, MANIFEST, IndexFolderError, check_files, crc32_file, ivf_generation,
                      model_block, read_manifest, store_root)
 from .ivf import InvertedFile, _ranges, build_ivf, unique_pairs
@@ -654,7 +654,8 @@ class Store:
     def codes_of(self, pids: np.ndarray) -> np.ndarray:
         return np.asarray(self.codes[self.token_rows(pids)], dtype=np.int64)
 
-    def corpus(self, pids: Sequence[int], with_sentences: bool = True, with_offsets: bool = True) -> EncodedCorpus:
+    def corpus(self, pids: Sequence[int], with_sentences: bool = True, with_offsets: bool = True,
+               lazy: bool = False) -> EncodedCorpus:
         """Decompress passages ``pids`` into an :class:`EncodedCorpus` (in that order) for exact scoring.
 
         ``with_sentences=False`` (passage searches) skips the sentence tables and reads a passage's
@@ -662,12 +663,16 @@ class Store:
         ``with_offsets=False`` (sentence searches) leaves every token's offsets at (0, 0) instead of
         recomputing them: sentence scores need only the token→sentence table. Spans and
         explanations need them (the default). A passage-only corpus has neither.
+        ``lazy``: vectors that decompress as exact scoring reads them (:class:`CompressedVectors`)
+        instead of one float32 tensor.
         """
         import torch
 
         pids = np.asarray(pids, dtype=np.int64)
         rows = self.token_rows(pids)
-        vectors = self.codec.decompress(self.codes[rows], self.residuals[rows])
+        vectors = CompressedVectors(self.codec, self.codes[rows], self.residuals[rows])
+        if not lazy:
+            vectors = vectors.decompress()
         doclens = torch.from_numpy(self.doclens[pids])
         token_passage = torch.repeat_interleave(torch.arange(len(pids)), doclens)
         passage_starts = torch.cat([torch.zeros(1, dtype=torch.long), doclens.cumsum(0)])
