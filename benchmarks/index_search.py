@@ -440,6 +440,76 @@ def cmd_latency(args) -> None:
     print(result, "→", out)
 
 
+ENGINE_CASES = (("passage", 10), ("passage", 100), ("sentence", 10))
+#: The exact stage's decompression chunk before issue 41 (the whole candidate set decompressed, then scored
+#: in ranker.CHUNK_TOKENS chunks): the in-run baseline of ``engine``.
+EAGER_CHUNK = 65_536
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cmd_engine(args) -> None:
+    """Search-only latency of the shipped defaults at passage k = 10 / 100 and sentence k = 10, the
+    exact stage decompressing as it scores (``CompressedVectors.chunk_tokens``) beside the engine before
+    (one decompression of the candidate set, ``EAGER_CHUNK``), in passes A B B A of one run; and
+    the engine's resident memory at search against the index's size on disk."""
+    from agrame.index.codec import CompressedVectors
+
+    torch.set_num_threads(args.threads)
+    vectors = PoolVectors(args.model)
+    encoder = vectors.encoder
+    path, _ = build(vectors, args.nbits)
+    questions = sample(load_questions("squad-dev", vectors.pool), args.limit, args.seed)
+    queries = encode_queries(encoder, [q.text for q in questions])
+    rss_before = _rss_mb()
+    index = Index(path, model=encoder)
+    disk = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+    variants = {"chunked": CompressedVectors.chunk_tokens, "engine before": EAGER_CHUNK}
+    times: Dict[str, Dict[str, List[float]]] = {v: {f"{g} k={k}": [] for g, k in ENGINE_CASES} for v in variants}
+    for g, k in ENGINE_CASES:  # warm-up: every case once per variant
+        for chunk in variants.values():
+            CompressedVectors.chunk_tokens = chunk
+            for q, s in queries[:5]:
+                index.search_vectors(q, s, g, k)
+    # Passes in the order A B B A (A = chunked): drift cancels, and no query is timed right after the other
+    # variant's (the engine before moves 180 MB per passage top 100, which slows whatever runs next). The
+    # engine's memory is read after the first pass, before the engine before's big buffers have grown the heap.
+    engine_mb = None
+    for name in ("chunked", "engine before", "engine before", "chunked"):
+        CompressedVectors.chunk_tokens = variants[name]
+        for g, k in ENGINE_CASES:
+            for q, s in tqdm(queries, desc=f"{name}, {g} k={k}", disable=None):
+                t = time.perf_counter()
+                index.search_vectors(q, s, g, k)
+                times[name][f"{g} k={k}"].append(1000 * (time.perf_counter() - t))
+        if engine_mb is None:
+            engine_mb = _rss_mb() - rss_before
+    CompressedVectors.chunk_tokens = variants["chunked"]
+    pct = lambda xs, p: round(float(np.percentile(xs, p)), 1)  # noqa: E731
+    ms = {name: {case: {"median": pct(xs, 50), "p95": pct(xs, 95)} for case, xs in cases.items()}
+          for name, cases in times.items()}
+    ratio = {case: round(ms["chunked"][case]["median"] / ms["engine before"][case]["median"], 3)
+             for case in times["chunked"]}
+    result = {"benchmark": "index_search", "what": "engine latency", "model": encoder.source,
+              "fingerprint": encoder.fingerprint()[:12], "nbits": args.nbits, "threads": torch.get_num_threads(),
+              "queries": f"squad-dev, {len(questions)} sampled (seed {args.seed}), query vectors encoded beforehand",
+              "search": index.defaults._asdict(), "pool_passages": len(index),
+              "chunk_tokens": variants, "ms_search_only": ms, "ratio_chunked_over_before": ratio,
+              "memory": {"index_bytes_on_disk": disk, "engine_rss_mb": round(engine_mb, 1),
+                         "rss_over_index_size": round(engine_mb * 2 ** 20 / disk, 3),
+                         "how": "resident memory after the first pass (every case, chunked) minus before the index was "
+                                "opened (model and query vectors loaded before); memory-mapped pages read count"}}
+    out = write_result(_tagged(f"index_search-engine-{args.nbits}b", args), result, None,
+                       command_line("benchmarks.index_search", ["engine", *args.argv]))
+    print(json.dumps(result, indent=1), "→", out)
+
+
 def cmd_build_time(args) -> None:
     """The pooled index's build time for each of ``--models``, measured in one run so the ratios compare.
 
@@ -698,6 +768,11 @@ def main(argv=None) -> None:
     la.add_argument("--nbits", type=int, default=2)
     la.add_argument("--limit", type=int, default=300)
     la.add_argument("--threads", type=int, default=2)
+    en = sub.add_parser("engine", help="search-only ms at passage k=10/100 and sentence k=10, the engine before "
+                                       "beside (one run), and the engine's memory")
+    en.add_argument("--nbits", type=int, default=2)
+    en.add_argument("--limit", type=int, default=200)
+    en.add_argument("--threads", type=int, default=2)
     sc = sub.add_parser("scale", help="build and search synthetic indexes of --tokens tokens")
     sc.add_argument("--tokens", type=float, default=1e7)
     sc.add_argument("--nbits", type=int, default=2)
@@ -705,7 +780,7 @@ def main(argv=None) -> None:
     sc.add_argument("--queries", type=int, default=100)
     sc.add_argument("--out", default=None, help="result file (default: benchmarks/results/…)")
     sc.add_argument("--search-only", action="store_true", help=argparse.SUPPRESS)
-    for p in (b, r, c, la, sc):
+    for p in (b, r, c, la, en, sc):
         p.add_argument("--model", default=None, help="multi-vector model (default: the package default)")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--tag", default=None, help="label of the model (kept in result file names, e.g. zeroshot)")
@@ -720,7 +795,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     args.argv = list(argv[1:] if argv is not None else os.sys.argv[2:])  # the arguments after the subcommand
     {"build": cmd_build, "run": cmd_run, "choose": cmd_choose, "latency": cmd_latency,
-     "scale": cmd_scale, "build-time": cmd_build_time}[args.cmd](args)
+     "engine": cmd_engine, "scale": cmd_scale, "build-time": cmd_build_time}[args.cmd](args)
 
 
 if __name__ == "__main__":

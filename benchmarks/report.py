@@ -782,6 +782,23 @@ def render_index_search(results: List[dict], open_domain: List[dict] | None = No
                        f"{r['search']['ncandidates']} | {t['median']} | {t['p95']} | {s['median']} | {s['p95']} | "
                        f"{r['peak_rss_mb']} |")
         out += ["", _commands(latency), ""]
+    for r in (r for r in results if r.get("what") == "engine latency"):
+        cases = list(r["ms_search_only"]["chunked"])
+        mem = r["memory"]
+        out += ["### Engine latency at the shipped defaults (search only, one run)", "",
+                f"{_model_label(r)} (fingerprint {r['fingerprint']}), {r['nbits']}-bit residuals, {r['threads']} threads, "
+                f"{r['queries']}; nprobe {r['search']['nprobe']}, ncandidates {r['search']['ncandidates']}, per_hit "
+                f"{r['search']['per_hit']}. *Engine before*: the exact stage decompresses the whole candidate set "
+                f"(chunks of {r['chunk_tokens']['engine before']:,} tokens) instead of {r['chunk_tokens']['chunked']:,} "
+                "tokens at a time; passes A B B A.", "",
+                "| engine | " + " | ".join(f"{c} median / p95 ms" for c in cases) + " |",
+                "|---|" + "---:|" * len(cases)]
+        for name, row in r["ms_search_only"].items():
+            out.append(f"| {name} | " + " | ".join(f"{row[c]['median']} / {row[c]['p95']}" for c in cases) + " |")
+        out.append("| ratio (median) | " + " | ".join(f"{r['ratio_chunked_over_before'][c]}×" for c in cases) + " |")
+        out += ["", f"Memory at search: {mem['engine_rss_mb']} MB resident for an index of "
+                f"{mem['index_bytes_on_disk'] / 2 ** 20:.1f} MB on disk = **{mem['rss_over_index_size']}×** ({mem['how']}).",
+                "", _commands([r]), ""]
     for r in (r for r in results if r.get("what") == "build time"):
         out += ["### Build time of the pooled index (models side by side, one run)", "",
                 f"{r['protocol']}; {r['sample']['passages']:,} of {r['pool_passages']:,} passages sampled (seed "

@@ -74,6 +74,11 @@ class ResidualCodec:
         return int(self.centroids.shape[1])
 
     @property
+    def centroids32(self) -> np.ndarray:
+        """The centroids in float32, computed once (searches share this copy: 25 MB at K = 16,384, d = 384)."""
+        return self._centroids32
+
+    @property
     def num_centroids(self) -> int:
         return int(self.centroids.shape[0])
 

@@ -83,7 +83,7 @@ class Index(BaseIndex):
             # A weak reference: Store → Index would be a cycle, and a server that reopens a generation per
             # write would keep every old one (its memory maps, its SQLite connection) until a full GC.
             store = Store(self.path, manifest, self._verify, tokenize=_tokenizer(self, manifest))
-            self._centroids = torch.from_numpy(store.codec.centroids.astype(np.float32))
+            self._centroids = torch.from_numpy(store.codec.centroids32)
         old, self.store, self._v1, self.manifest = self.store, store, v1, manifest
         if old is not None:
             old.close()
