@@ -510,6 +510,67 @@ def cmd_engine(args) -> None:
     print(json.dumps(result, indent=1), "→", out)
 
 
+STAGE_BUDGETS = (32, 64, 128, 256, 1024)
+WARP_NPROBES = (4, 8, 16, 32)
+
+
+def cmd_stages(args) -> None:
+    """Candidate generation by centroid pruning (the engine's stages 1–2) beside WARP's lookup-table
+    scoring of the probed centroids' tokens (``Index.warp_candidates``), on SQuAD *train* questions:
+    recall of the exact top 10 within each candidate budget, and ms per candidate generation. The exact
+    top 10 is taken over the union of both methods' 2,048 best (scored exactly, decompressed), which holds
+    it unless both miss a passage. Also the compressed stage: scoring every token of the 128 best passages
+    by tables against decompress-then-dot (the exact stage), ms each."""
+    from agrame.index.lut import residual_tables, table_scores
+
+    torch.set_num_threads(args.threads)
+    vectors = PoolVectors(args.model)
+    encoder = vectors.encoder
+    path, _ = build(vectors, args.nbits)
+    index = Index(path, model=encoder)
+    store = index.store
+    nprobe = index.defaults.nprobe
+    queries = encode_queries(encoder, [q.text for q in _train_questions(vectors.pool, args.limit, args.seed)])
+    index.warp_candidates(queries[0][0], 1, 1)  # the token lists are built once per opened index
+    methods = {f"centroid pruning (nprobe {nprobe})": lambda q, n: index.candidates(q, nprobe, n)}
+    methods.update({f"lookup tables (nprobe {p})": (lambda p: lambda q, n: index.warp_candidates(q, p, n))(p)
+                    for p in WARP_NPROBES})
+    recall = {m: {n: [] for n in STAGE_BUDGETS} for m in methods}
+    ms = {m: [] for m in methods}
+    compressed = {"tables": [], "decompress then dot": []}
+    for q, _ in tqdm(queries, desc="stages", disable=None):
+        union = np.union1d(index.candidates(q, nprobe, 2048), index.warp_candidates(q, nprobe, 2048))
+        top = {h.passage_id for h in index._score(q, None, np.sort(union), "passage", 10, 0.5)}
+        for name, method in methods.items():
+            for n in STAGE_BUDGETS:
+                got = {store.record(int(p))["id"] for p in method(q, n)}
+                recall[name][n].append(len(top & got) / len(top))
+            t = time.perf_counter()
+            method(q, 128)
+            ms[name].append(1000 * (time.perf_counter() - t))
+        best = np.sort(index.candidates(q, nprobe, 128))
+        rows = store.token_rows(best)
+        t = time.perf_counter()
+        length = q.shape[0]
+        query_ids = np.repeat(np.arange(length), len(rows))
+        table_scores(residual_tables(q, store.codec), query_ids, np.tile(store.residuals[rows], (length, 1)))
+        compressed["tables"].append(1000 * (time.perf_counter() - t))
+        t = time.perf_counter()
+        index._score(q, None, best, "passage", 10, 0.5)
+        compressed["decompress then dot"].append(1000 * (time.perf_counter() - t))
+    result = {"benchmark": "index_search", "what": "candidate stages", "model": encoder.source,
+              "fingerprint": encoder.fingerprint()[:12], "nbits": args.nbits, "threads": torch.get_num_threads(),
+              "queries": f"squad-train, {len(queries)} sampled (seed {args.seed}), one per paragraph",
+              "pool_passages": len(index), "tokens": int(store.num_tokens),
+              "recall_of_exact_top10": {m: {str(n): round(100 * float(np.mean(v)), 2) for n, v in r.items()}
+                                        for m, r in recall.items()},
+              "ms_candidates_128": {m: round(float(np.median(v)), 2) for m, v in ms.items()},
+              "ms_compressed_stage_128_passages": {m: round(float(np.median(v)), 2) for m, v in compressed.items()}}
+    out = write_result(_tagged(f"index_search-stages-{args.nbits}b", args), result, None,
+                       command_line("benchmarks.index_search", ["stages", *args.argv]))
+    print(json.dumps(result, indent=1), "→", out)
+
+
 def cmd_build_time(args) -> None:
     """The pooled index's build time for each of ``--models``, measured in one run so the ratios compare.
 
@@ -773,6 +834,11 @@ def main(argv=None) -> None:
     en.add_argument("--nbits", type=int, default=2)
     en.add_argument("--limit", type=int, default=200)
     en.add_argument("--threads", type=int, default=2)
+    sg = sub.add_parser("stages", help="candidate generation: centroid pruning beside lookup tables (WARP), on "
+                                       "SQuAD train questions")
+    sg.add_argument("--nbits", type=int, default=2)
+    sg.add_argument("--limit", type=int, default=100)
+    sg.add_argument("--threads", type=int, default=2)
     sc = sub.add_parser("scale", help="build and search synthetic indexes of --tokens tokens")
     sc.add_argument("--tokens", type=float, default=1e7)
     sc.add_argument("--nbits", type=int, default=2)
@@ -780,7 +846,7 @@ def main(argv=None) -> None:
     sc.add_argument("--queries", type=int, default=100)
     sc.add_argument("--out", default=None, help="result file (default: benchmarks/results/…)")
     sc.add_argument("--search-only", action="store_true", help=argparse.SUPPRESS)
-    for p in (b, r, c, la, en, sc):
+    for p in (b, r, c, la, en, sg, sc):
         p.add_argument("--model", default=None, help="multi-vector model (default: the package default)")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--tag", default=None, help="label of the model (kept in result file names, e.g. zeroshot)")
@@ -795,7 +861,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     args.argv = list(argv[1:] if argv is not None else os.sys.argv[2:])  # the arguments after the subcommand
     {"build": cmd_build, "run": cmd_run, "choose": cmd_choose, "latency": cmd_latency,
-     "engine": cmd_engine, "scale": cmd_scale, "build-time": cmd_build_time}[args.cmd](args)
+     "engine": cmd_engine, "stages": cmd_stages, "scale": cmd_scale, "build-time": cmd_build_time}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -799,6 +799,21 @@ def render_index_search(results: List[dict], open_domain: List[dict] | None = No
         out += ["", f"Memory at search: {mem['engine_rss_mb']} MB resident for an index of "
                 f"{mem['index_bytes_on_disk'] / 2 ** 20:.1f} MB on disk = **{mem['rss_over_index_size']}×** ({mem['how']}).",
                 "", _commands([r]), ""]
+    for r in (r for r in results if r.get("what") == "candidate stages"):
+        budgets = list(next(iter(r["recall_of_exact_top10"].values())))
+        out += ["### Candidate generation: centroid pruning beside lookup tables (WARP)", "",
+                f"{_model_label(r)} (fingerprint {r['fingerprint']}), {r['nbits']}-bit residuals, {r['threads']} "
+                f"threads, {r['queries']}, pooled index ({r['tokens']:,} tokens). Recall: share of the exact top 10 "
+                "(decompressed, over the union of both methods' 2,048 best) inside the candidates; ms: one candidate "
+                "generation of 128 passages, median.", "",
+                "| method | " + " | ".join(f"recall @ {n}" for n in budgets) + " | ms (128) |",
+                "|---|" + "---:|" * (len(budgets) + 1)]
+        for name, row in r["recall_of_exact_top10"].items():
+            out.append(f"| {name} | " + " | ".join(f"{row[n]}" for n in budgets) + f" | {r['ms_candidates_128'][name]} |")
+        c = r["ms_compressed_stage_128_passages"]
+        out += ["", "Scoring every token of 128 passages against every query token: by tables "
+                f"{c['tables']} ms, decompress-then-dot (the exact stage) {c['decompress then dot']} ms (medians).",
+                "", _commands([r]), ""]
     for r in (r for r in results if r.get("what") == "build time"):
         out += ["### Build time of the pooled index (models side by side, one run)", "",
                 f"{r['protocol']}; {r['sample']['passages']:,} of {r['pool_passages']:,} passages sampled (seed "

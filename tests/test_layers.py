@@ -1,5 +1,5 @@
 """The index package is layered one way (issue 41): on-disk format and checksums → codec, inverted file,
-metadata → store (reading) → writer (lifecycle) → format 1 → search → sharded → distributed. A module
+metadata, lookup tables → store (reading) → writer (lifecycle) → format 1 → search → sharded → distributed. A module
 imports only those below it — function-level imports count — so no import circle can form."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "agrame"
-LAYERS = ["format", "lock", "base", "codec", "metadata", "ivf", "batch", "store", "writer", "v1", "search", "sharded",
+LAYERS = ["format", "lock", "base", "codec", "metadata", "ivf", "lut", "batch", "store", "writer", "v1", "search", "sharded",
           "distributed", "__init__"]
 
 

@@ -198,9 +198,9 @@ def test_exact_search_is_bit_identical_at_any_shard_count_with_ties(tmp_path, ti
 
 
 def test_shard_budgets_split_one_search_and_share_the_centroid_scores(tmp_path, tiny_encoder, monkeypatch):
-    """Issue 41, item 5: S shards decompress about one search's survivors between them (their shares of
-    the budget plus a binomial margin), not S searches' worth, and score the query against the shared
-    codec's centroids once."""
+    """Issue 41, item 5: S shards propose their shares of the candidates (plus a binomial margin) with
+    stage-2b scores, and score exactly no more than one search's survivors between them, not S searches'
+    worth; the query meets the shared codec's centroids once."""
     from agrame.index import search as search_module
     from agrame.index.search import shard_budget
 
@@ -215,16 +215,17 @@ def test_shard_budgets_split_one_search_and_share_the_centroid_scores(tmp_path, 
     single_path = tmp_path / "one"
     build_compressed(tiny_encoder, passages, single_path, codec=sharded.shards[0].store.codec, progress=False)
     single = Index(single_path, model=tiny_encoder)
-    scored, given = [], []
+    scored, given, proposed = [], [], []
     real_score, real_candidates = search_module.Index._score, search_module.Index.candidates
 
     def spy_score(self, q, s, pids, *args, **kw):
         scored.append(len(pids))
         return real_score(self, q, s, pids, *args, **kw)
 
-    def spy_candidates(self, q, nprobe, ncandidates, allowed=None, centroid_scores=None):
+    def spy_candidates(self, q, nprobe, ncandidates, allowed=None, centroid_scores=None, with_scores=False):
         given.append(centroid_scores)
-        return real_candidates(self, q, nprobe, ncandidates, allowed, centroid_scores)
+        proposed.append(ncandidates)
+        return real_candidates(self, q, nprobe, ncandidates, allowed, centroid_scores, with_scores)
 
     monkeypatch.setattr(search_module.Index, "_score", spy_score)
     monkeypatch.setattr(search_module.Index, "candidates", spy_candidates)
@@ -233,8 +234,19 @@ def test_shard_budgets_split_one_search_and_share_the_centroid_scores(tmp_path, 
     alone = scored.pop()
     scored.clear()
     given.clear()
+    proposed.clear()
     hits = sharded.search_vectors(q, s, "passage", 10, ncandidates=24)
     lives = [len(shard) for shard in sharded.shards]
-    assert sum(scored) <= sum(shard_budget(alone, live / sum(lives)) for live in lives) < 4 * alone
+    n = single.budgets("passage", 10, ncandidates=24)[1]
+    assert sum(proposed) == sum(shard_budget(n, live / sum(lives)) for live in lives) < 4 * n
+    assert sum(scored) <= alone  # the whole's best of the proposals
     assert len(given) == 4 and all(g is given[0] and g is not None for g in given)  # one centroid product
     assert len(hits) == 10
+    scored.clear()
+    q, s = single.encode_query("coral bleaching", "sentence")
+    single.search_vectors(q, s, "sentence", 3, ncandidates=8)
+    assert scored == [8]
+    scored.clear()
+    proposed.clear()
+    sharded.search_vectors(q, s, "sentence", 3, ncandidates=8)
+    assert sum(proposed) > 8 and sum(scored) == 8

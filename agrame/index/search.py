@@ -298,8 +298,7 @@ class Index(BaseIndex):
         self._check(granularity, top_k)
         if allowed is _UNSET:
             allowed = self.allowed(filter)
-        alpha = (self._encoder.settings.alpha if self._encoder is not None
-                 else self.manifest["model"]["settings"].get("alpha", 0.5)) if alpha is None else float(alpha)
+        alpha = self.alpha(alpha)
         if self._v1 is not None:
             corpus = self._v1 if allowed is None else self._v1.select(np.flatnonzero(allowed).tolist())
             if len(corpus) == 0:
@@ -308,6 +307,16 @@ class Index(BaseIndex):
                                span_table=self._spans(corpus) if granularity == "span" else None)
         if exact:
             return self._exhaustive(q, s, granularity, top_k, alpha, allowed)
+        nprobe, ncandidates = self.budgets(granularity, top_k, nprobe, ncandidates, per_hit)
+        if share is not None:
+            ncandidates = shard_budget(ncandidates, share)
+        survivors = np.sort(self.candidates(q, nprobe, ncandidates, allowed, centroid_scores))
+        return self._score(q, s, survivors, granularity, top_k, alpha)
+
+    def budgets(self, granularity: str, top_k: Optional[int], nprobe: Optional[int] = None,
+                ncandidates: Optional[int] = None, per_hit: Optional[int] = None) -> Tuple[int, int]:
+        """The ``(nprobe, ncandidates)`` a staged search uses: the given ones or the index's defaults, and
+        for passages at least ``per_hit`` candidates per hit asked for."""
         nprobe = self.defaults.nprobe if nprobe is None else int(nprobe)
         ncandidates = self.defaults.ncandidates if ncandidates is None else int(ncandidates)
         if nprobe < 1 or ncandidates < 1:
@@ -315,13 +324,19 @@ class Index(BaseIndex):
         per_hit = self.defaults.per_hit if per_hit is None else int(per_hit)
         if top_k is not None and granularity == "passage":
             ncandidates = max(ncandidates, per_hit * top_k, top_k)
-        if share is not None:
-            ncandidates = shard_budget(ncandidates, share)
-        survivors = np.sort(self.candidates(q, nprobe, ncandidates, allowed, centroid_scores))
-        return self._score(q, s, survivors, granularity, top_k, alpha)
+        return nprobe, ncandidates
+
+    def alpha(self, alpha: Optional[float] = None) -> float:
+        """``alpha`` or the index's model's (without loading the model)."""
+        if alpha is not None:
+            return float(alpha)
+        if self._encoder is not None:
+            return self._encoder.settings.alpha
+        return self.manifest["model"]["settings"].get("alpha", 0.5)
 
     def candidates(self, q: torch.Tensor, nprobe: int, ncandidates: int,
-                   allowed: Optional[np.ndarray] = None, centroid_scores: Optional[torch.Tensor] = None) -> np.ndarray:
+                   allowed: Optional[np.ndarray] = None, centroid_scores: Optional[torch.Tensor] = None,
+                   with_scores: bool = False):
         """Stages 1–2: the ``ncandidates`` passages with the best centroid-approximated scores.
 
         ``allowed`` (a mask of positions: live and admitted by a filter) restricts the inverted lists
@@ -329,7 +344,8 @@ class Index(BaseIndex):
         exactly when it is no larger than ``ncandidates``); otherwise ``nprobe`` grows with the share
         it excludes (next-plaid's N/|subset|) and doubles until the lists give ``ncandidates`` allowed
         passages or every centroid is probed, so a filtered search never runs short of candidates
-        that exist."""
+        that exist. ``with_scores``: also each candidate's stage-2b score (Σ_i max over its tokens'
+        centroids), which compares across indexes that share a codec (a sharded index's shards)."""
         store = self.store
         cs = centroid_scores  # [Lq, K]: given by a sharded index that computed it once for all shards
         if cs is None:
@@ -338,7 +354,9 @@ class Index(BaseIndex):
             count = int(allowed.sum())
             if count <= PRUNE_FACTOR * ncandidates:
                 unique = np.flatnonzero(allowed)
-                return unique if count <= ncandidates else self._prune_by_codes(cs, unique, ncandidates)
+                if count <= ncandidates and not with_scores:
+                    return unique
+                return self._prune_by_codes(cs, unique, ncandidates, with_scores)
             nprobe = int(min(cs.shape[1], np.ceil(nprobe * store.num_live / max(1, count))))
         while True:
             probe = torch.topk(cs, min(nprobe, cs.shape[1]), dim=1).indices.unique().numpy()
@@ -353,24 +371,42 @@ class Index(BaseIndex):
                 break
             nprobe = min(cs.shape[1], 2 * nprobe)
         if pids.size == 0:
-            return pids
+            return (pids, np.zeros(0, dtype=np.float32)) if with_scores else pids
         approx = scoring.segment_maxsim(torch.index_select(cs, 1, torch.from_numpy(pair_centroid)),
                                         torch.from_numpy(local), len(unique))
         pool = min(len(unique), PRUNE_FACTOR * ncandidates)
         if pool < len(unique):
             unique = unique[_top_indices(approx, pool)]
-        if len(unique) <= ncandidates:
+        if len(unique) <= ncandidates and not with_scores:
             return unique
-        return self._prune_by_codes(cs, unique, ncandidates)
+        return self._prune_by_codes(cs, unique, ncandidates, with_scores)
 
-    def _prune_by_codes(self, cs: torch.Tensor, unique: np.ndarray, ncandidates: int) -> np.ndarray:
+    def warp_candidates(self, q: torch.Tensor, nprobe: int, ncandidates: int,
+                        allowed: Optional[np.ndarray] = None) -> np.ndarray:
+        """Candidates by lookup-table scores of the probed centroids' tokens (:mod:`.lut`, WARP's
+        stage) instead of stages 1–2: the ``ncandidates`` best passages, best first. Not the default —
+        ``python -m benchmarks.index_search stages`` measures both (benchmarks/README.md)."""
+        from .lut import TokenLists, warp_candidates
+
+        store = self.store
+        if store is None:
+            raise ValueError(f"index {self.path} is format 1: it has no compressed codes to score")
+        if getattr(self, "_token_lists", None) is None or self._token_lists[0] is not store:
+            n = len(store)
+            self._token_lists = (store, TokenLists.build(store.codes, store.starts[:n], store.doclens[:n],
+                                                         store.codec.num_centroids))
+        return warp_candidates(q, scoring.similarity(q.float(), self._centroids), store.codec, self._token_lists[1],
+                               store.residuals, nprobe, ncandidates, allowed)
+
+    def _prune_by_codes(self, cs: torch.Tensor, unique: np.ndarray, ncandidates: int, with_scores: bool = False):
         """Stage 2b: Σ_i max over all the passage's tokens' centroids keeps ``ncandidates`` passages."""
         store = self.store
         codes = torch.from_numpy(store.codes_of(unique))
         owners = torch.repeat_interleave(torch.arange(len(unique)), torch.from_numpy(store.doclens[unique]))
         # index_select gathers 141k columns in 1.4 ms, cs[:, codes] in 3.7 (pooled corpus, 1 thread).
         approx = scoring.segment_maxsim(torch.index_select(cs, 1, codes), owners, len(unique))
-        return unique[_top_indices(approx, ncandidates)]
+        best = _top_indices(approx, min(ncandidates, len(unique)))
+        return (unique[best], approx[best].numpy()) if with_scores else unique[best]
 
     def _spans(self, corpus):
         return Ranker._span_table(corpus, None) if corpus.spans else {}

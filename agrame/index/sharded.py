@@ -374,8 +374,10 @@ class ShardedIndex(ShardedWrites, BaseIndex):
             lives = [len(shard) for shard in self.shards]
             total = max(1, sum(lives))
             centroids = self._shared_centroids()
-            cs = None if centroids is None else scoring.similarity(q.float(), centroids)
-            shared = {i: {"share": live / total, "centroid_scores": cs} for i, live in enumerate(lives)}
+            if centroids is not None:
+                return self._staged_shared(q, s, granularity, top_k, filter, scoring.similarity(q.float(), centroids),
+                                           [live / total for live in lives], **options)
+            shared = {i: {"share": live / total} for i, live in enumerate(lives)}
 
         def one(i):
             shard = self.shards[i]
@@ -383,6 +385,37 @@ class ShardedIndex(ShardedWrites, BaseIndex):
                 return []
             return shard.search_vectors(q, s, granularity, top_k, filter=filter, **options, **shared.get(i, {}))
         return SearchResults(merge_hits(self._map(one, range(self.num_shards)), top_k))
+
+    def _staged_shared(self, q, s, granularity: str, top_k: Optional[int], filter, cs, shares: List[float], *,
+                       nprobe: Optional[int] = None, ncandidates: Optional[int] = None, per_hit: Optional[int] = None,
+                       alpha: Optional[float] = None, exact: bool = False) -> SearchResults:
+        """Staged search over shards that share the codec, as one index would run it: each shard proposes its
+        share of the candidates (``shard_budget``) with their stage-2b scores, which compare across shards
+        (the same centroids); the whole's best ``ncandidates`` of those are chosen, and each shard scores
+        exactly only its part of them — the exact stage costs what one index's costs, not S × a share
+        with a margin."""
+        from .search import shard_budget as search_budget
+
+        first = self.shards[0]
+        nprobe, ncandidates = first.budgets(granularity, top_k, nprobe, ncandidates, per_hit)
+        alpha = first.alpha(alpha)
+
+        def propose(i):
+            shard = self.shards[i]
+            if granularity == "span" and not shard.manifest.get("has_spans"):
+                return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+            return shard.candidates(q, nprobe, search_budget(ncandidates, shares[i]), shard.allowed(filter), cs,
+                                    with_scores=True)
+        proposed = self._map(propose, range(self.num_shards))
+        scores = np.concatenate([sc for _, sc in proposed]) if proposed else np.zeros(0)
+        chosen = np.zeros(len(scores), dtype=bool)
+        chosen[np.argsort(-scores, kind="stable")[:ncandidates]] = True
+        bounds = np.concatenate([[0], np.cumsum([len(pos) for pos, _ in proposed])])
+
+        def score(i):
+            pos = proposed[i][0][chosen[bounds[i]:bounds[i + 1]]]
+            return self.shards[i]._score(q, s, np.sort(pos), granularity, top_k, alpha) if len(pos) else []
+        return SearchResults(merge_hits(self._map(score, range(self.num_shards)), top_k))
 
     def _shared_centroids(self):
         """The codec's centroids when every shard holds the same ones (checked once per set of opened
