@@ -440,6 +440,81 @@ def cmd_latency(args) -> None:
     print(result, "→", out)
 
 
+FRONTIER_NBITS = (1, 2, 4)
+FRONTIER_MODELS = ("default", "zero-shot-128")
+#: The frontier's rule (issue 41, item 4): the default codec is the smallest whose P@1 is within this of the float16 scan's.
+FRONTIER_MAX_LOSS = 0.5
+
+
+def cmd_frontier(args) -> None:
+    """Size against quality: each model's pooled index at 1, 2 and 4 bits (bytes per token) beside the
+    float16 exhaustive scan of the same token vectors, on SQuAD *train* questions (the pool's only train
+    split: a codec is chosen here, never on a reported one). Staged search at the index's defaults:
+    passage P@1 / R@100, sentence P@1; the loss in P@1 against the float16 scan; and the smallest codec
+    that loses at most ``FRONTIER_MAX_LOSS`` in passage and sentence P@1. ``zero-shot-128`` is the
+    default backbone with its fixed 128-d principal projection (``training.projection``: fitted on SQuAD
+    train paragraphs' token vectors), whose pool vectors are the 384-d cache projected (``projected_base``)."""
+    torch.set_num_threads(args.threads)
+    pool = load_pool()
+    questions = _train_questions(pool, args.limit, args.seed)
+    rows = []
+    for model in args.models:
+        vectors = PoolVectors(None if model == "default" else model, pool)
+        encoder = vectors.encoder
+        alpha = encoder.settings.alpha
+        harness = Harness("pool", pool.texts, vectors.spans)
+        encoded = encode_queries(encoder, [q.text for q in questions])
+
+        def metrics(rank) -> dict:
+            per = []
+            for k, q in enumerate(questions):
+                passages, sentences = rank(k)
+                m = judge("squad-dev", harness, q, passages, sentences, passages)  # SQuAD's gold rule (answer_start)
+                m["psg_r100"] = m.pop("first_stage_r100")
+                per.append(m)
+            return summarize(per)
+
+        # The float16 scan's rankings, kept where `choose` reads its float16 reference (the same questions).
+        ref_file = cache_root() / f"choose-exact-{encoder.fingerprint()[:12]}-{args.limit}-{args.seed}.json"
+        if not ref_file.exists():
+            corpus = vectors.corpus(float32=True)
+            ranked = {}
+            for k in tqdm(range(len(questions)), desc=f"{model} float16 scan", disable=None):
+                p, s = exact_rankings(*encoded[k], corpus, alpha)
+                ranked[questions[k].qid] = {"passages": p, "sentences": s}
+            ref_file.write_text(json.dumps(ranked))
+            vectors._corpus = None  # 6 GB at d = 384
+        ranked16 = json.loads(ref_file.read_text())
+        float16 = metrics(lambda k: (ranked16[questions[k].qid]["passages"], ranked16[questions[k].qid]["sentences"]))
+        dim = encoder.settings.dim or encoder.backbone.config.hidden_size
+        rows.append({"model": model, "source": encoder.source, "fingerprint": encoder.fingerprint()[:12], "dim": dim,
+                     "codec": "float16 scan", "nbits": 16, "bytes_per_token": 2 * dim, "metrics": float16})
+        for nbits in args.nbits:
+            path, built = build(vectors, nbits)
+            index = Index(path, model=encoder)
+            settings = SearchSettings(index.defaults.nprobe, index.defaults.ncandidates)
+            size = index.store.bytes(include_text=False) / index.store.num_tokens
+            m = metrics(lambda k: index_rankings(index, *encoded[k], alpha, settings, harness.sent_starts,
+                                                 vectors.spans))
+            rows.append({"model": model, "source": encoder.source, "fingerprint": encoder.fingerprint()[:12], "dim": dim,
+                         "codec": f"{nbits}-bit residuals", "nbits": nbits, "bytes_per_token": round(size, 2),
+                         "metrics": m, "search": index.defaults._asdict(),
+                         "loss_vs_float16": {k: round(float16[k] - m[k], 2) for k in ("psg_p1", "sent_p1", "psg_r100")}})
+            print(rows[-1], flush=True)
+    within = [r for r in rows if "loss_vs_float16" in r and r["loss_vs_float16"]["psg_p1"] <= FRONTIER_MAX_LOSS
+              and r["loss_vs_float16"]["sent_p1"] <= FRONTIER_MAX_LOSS]
+    chosen = min(within, key=lambda r: r["bytes_per_token"]) if within else None
+    result = {"benchmark": "index_search", "what": "size-quality frontier",
+              "data": f"SQuAD train, {len(questions)} questions (one per paragraph, seed {args.seed}), pooled corpus",
+              "threads": torch.get_num_threads(), "rows": rows,
+              "rule": f"the smallest codec (bytes per token) whose passage and sentence P@1 are within "
+                      f"{FRONTIER_MAX_LOSS} of its model's float16 scan",
+              "chosen": None if chosen is None else {k: chosen[k] for k in ("model", "codec", "bytes_per_token")}}
+    out = write_result("index_search-frontier", result, None, command_line("benchmarks.index_search",
+                                                                            ["frontier", *args.argv]))
+    print(json.dumps(result["chosen"]), "→", out)
+
+
 ENGINE_CASES = (("passage", 10), ("passage", 100), ("sentence", 10))
 #: The exact stage's decompression chunk before issue 41 (the whole candidate set decompressed, then scored
 #: in ranker.CHUNK_TOKENS chunks): the in-run baseline of ``engine``.
@@ -839,6 +914,13 @@ def main(argv=None) -> None:
     sg.add_argument("--nbits", type=int, default=2)
     sg.add_argument("--limit", type=int, default=100)
     sg.add_argument("--threads", type=int, default=2)
+    fr = sub.add_parser("frontier", help="bytes per token against P@1/R@100 of models x residual bits, beside "
+                                         "each model's float16 scan (SQuAD train)")
+    fr.add_argument("--models", nargs="+", default=list(FRONTIER_MODELS))
+    fr.add_argument("--nbits", type=int, nargs="+", default=list(FRONTIER_NBITS))
+    fr.add_argument("--limit", type=int, default=300)
+    fr.add_argument("--seed", type=int, default=0)
+    fr.add_argument("--threads", type=int, default=1)
     sc = sub.add_parser("scale", help="build and search synthetic indexes of --tokens tokens")
     sc.add_argument("--tokens", type=float, default=1e7)
     sc.add_argument("--nbits", type=int, default=2)
@@ -861,7 +943,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     args.argv = list(argv[1:] if argv is not None else os.sys.argv[2:])  # the arguments after the subcommand
     {"build": cmd_build, "run": cmd_run, "choose": cmd_choose, "latency": cmd_latency,
-     "engine": cmd_engine, "stages": cmd_stages, "scale": cmd_scale, "build-time": cmd_build_time}[args.cmd](args)
+     "engine": cmd_engine, "stages": cmd_stages, "frontier": cmd_frontier, "scale": cmd_scale, "build-time": cmd_build_time}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -333,6 +333,43 @@ def sentence_chart(grouped: Dict[str, List[dict]], path: Path) -> bool:
     return True
 
 
+def frontier_chart(grouped: Dict[str, List[dict]], path: Path) -> bool:
+    """Passage and sentence P@1 against bytes per token, one line per model (its codecs), the float16 scan
+    as a hollow marker; False when no frontier result exists."""
+    runs = [r for r in grouped.get("index_search", []) if r.get("what") == "size-quality frontier"]
+    if not runs:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = runs[-1]["rows"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=120, sharex=True)
+    for ax, metric, label in zip(axes, ("psg_p1", "sent_p1"), ("passage P@1 (%)", "sentence P@1 (%)")):
+        for k, model in enumerate(dict.fromkeys(r["model"] for r in rows)):
+            mine = sorted((r for r in rows if r["model"] == model and r["nbits"] != 16), key=lambda r: r["bytes_per_token"])
+            line = ax.plot([r["bytes_per_token"] for r in mine], [r["metrics"][metric] for r in mine], "o-",
+                           label=f"{model} (1/2/4 bits)")[0]
+            for r in mine:
+                ax.annotate(f"{r['nbits']}b", (r["bytes_per_token"], r["metrics"][metric]), fontsize=7,
+                            textcoords="offset points", xytext=(3, 3))
+            for r in (r for r in rows if r["model"] == model and r["nbits"] == 16):
+                ax.plot([r["bytes_per_token"]], [r["metrics"][metric]], "o", mfc="none", color=line.get_color(),
+                        label=f"{model} float16 scan")
+        ax.set_xscale("log")
+        ax.set_xlabel("bytes per token (log)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
+    return True
+
+
 # The trained-model comparison (issue 4): which results, under which name, in which order.
 TRAINED_ROWS = [  # (method, tag or None for any, row name)
     ("bm25", None, "BM25"),
@@ -782,6 +819,22 @@ def render_index_search(results: List[dict], open_domain: List[dict] | None = No
                        f"{r['search']['ncandidates']} | {t['median']} | {t['p95']} | {s['median']} | {s['p95']} | "
                        f"{r['peak_rss_mb']} |")
         out += ["", _commands(latency), ""]
+    for r in (r for r in results if r.get("what") == "size-quality frontier"):
+        out += ["### Size against quality: the default's codecs (issue 41, item 4)", "",
+                f"{r['data']}; staged search at each index's defaults, {r['threads']} thread(s). Loss: the model's "
+                f"float16 scan minus the codec, points. Rule: {r['rule']}.", "",
+                "![passage and sentence P@1 against bytes per token](frontier.png)", "",
+                "| model | dim | codec | bytes / token | psg P@1 | psg R@100 | sent P@1 | loss psg / sent P@1 |",
+                "|---|---:|---|---:|---:|---:|---:|---:|"]
+        for row in r["rows"]:
+            m = row["metrics"]
+            loss = row.get("loss_vs_float16")
+            out.append(f"| {row['model']} ({row['fingerprint']}) | {row['dim']} | {row['codec']} | {row['bytes_per_token']} | "
+                       f"{m['psg_p1']} | {m['psg_r100']} | {m.get('sent_p1', '–')} | "
+                       + (f"{loss['psg_p1']} / {loss['sent_p1']}" if loss else "–") + " |")
+        chosen = r["chosen"]
+        out += ["", "Chosen: " + (f"**{chosen['model']}, {chosen['codec']}** ({chosen['bytes_per_token']} B/token)"
+                                  if chosen else "none meets the rule"), "", _commands([r]), ""]
     for r in (r for r in results if r.get("what") == "engine latency"):
         cases = list(r["ms_search_only"]["chunked"])
         mem = r["memory"]
@@ -1203,6 +1256,8 @@ def build(results_dir: Path = RESULTS, chart: Path | None = None) -> str:
     sections = [HEADER]
     if chart is not None and sentence_chart(grouped, chart):
         sections.append(f"![sentence-level P@1 per method and dataset]({chart.name})")
+    if chart is not None:
+        frontier_chart(grouped, chart.with_name("frontier.png"))
     for render_special in (render_default_choice, render_scaled, render_e5_models, render_trained):
         text = render_special(grouped)
         if text:
