@@ -343,6 +343,7 @@ def frontier_chart(grouped: Dict[str, List[dict]], path: Path) -> bool:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     rows = runs[-1]["rows"]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=120, sharex=True)
@@ -358,6 +359,9 @@ def frontier_chart(grouped: Dict[str, List[dict]], path: Path) -> bool:
                 ax.plot([r["bytes_per_token"]], [r["metrics"][metric]], "o", mfc="none", color=line.get_color(),
                         label=f"{model} float16 scan")
         ax.set_xscale("log")
+        ticks = [16, 32, 64, 128, 256, 512, 1024]
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("bytes per token (log)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
@@ -822,7 +826,8 @@ def render_index_search(results: List[dict], open_domain: List[dict] | None = No
     for r in (r for r in results if r.get("what") == "size-quality frontier"):
         out += ["### Size against quality: the default's codecs (issue 41, item 4)", "",
                 f"{r['data']}; staged search at each index's defaults, {r['threads']} thread(s). Loss: the model's "
-                f"float16 scan minus the codec, points. Rule: {r['rule']}.", "",
+                f"float16 scan minus the codec, points (one question is "
+                f"{100 / int(r['data'].split(', ')[1].split()[0]):.2f} points: a sample for choosing). Rule: {r['rule']}.", "",
                 "![passage and sentence P@1 against bytes per token](frontier.png)", "",
                 "| model | dim | codec | bytes / token | psg P@1 | psg R@100 | sent P@1 | loss psg / sent P@1 |",
                 "|---|---:|---|---:|---:|---:|---:|---:|"]
