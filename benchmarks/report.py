@@ -900,7 +900,7 @@ def render_index_search(results: List[dict], open_domain: List[dict] | None = No
     chosen = [r for r in results if str(r.get("what", "")).startswith("choose")]
     for r in chosen:
         c = r["codec_only"]
-        out += ["### Choosing nprobe / ncandidates (SQuAD train, never a reported split)", "",
+        out += [f"### Choosing nprobe / ncandidates for {_model_label(r)} (SQuAD train, never a reported split)", "",
                 f"{r['data']}, {r['nbits']}-bit index, {r['threads']} threads. Rule: {r['rule']}. Chosen: "
                 f"`{r['chosen']}`. Agreement is measured against the exhaustive scan of the same *compressed* "
                 f"vectors (what the staged search approximates) and against the float16 scan; the codec alone "
