@@ -325,6 +325,13 @@ def sentence_chart(grouped: Dict[str, List[dict]], path: Path) -> bool:
     ax.set_ylabel("sentence P@1 (%)")
     ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
     ax.grid(axis="y", alpha=0.3)
+    return _save_figure(fig, path)
+
+
+def _save_figure(fig, path: Path) -> bool:
+    """Write a chart under a temporary name, then rename it: a reader never sees half a PNG."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp)
@@ -366,12 +373,7 @@ def frontier_chart(grouped: Dict[str, List[dict]], path: Path) -> bool:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    tmp.replace(path)
-    return True
+    return _save_figure(fig, path)
 
 
 # The trained-model comparison (issue 4): which results, under which name, in which order.
