@@ -88,6 +88,7 @@ class Index(BaseIndex):
         if old is not None:
             old.close()
         self._ids: Optional[dict] = None
+        self._token_lists = None  # lut.TokenLists of this generation, built by the first warp_candidates
         self.defaults = SearchSettings(**manifest.get("search", {}))
 
     def _passage_offsets(self, texts: List[str]) -> list:
@@ -286,15 +287,14 @@ class Index(BaseIndex):
                        top_k: Optional[int] = 10, *, exact: bool = False, nprobe: Optional[int] = None,
                        ncandidates: Optional[int] = None, per_hit: Optional[int] = None,
                        alpha: Optional[float] = None, filter=None,
-                       allowed: Optional[np.ndarray] = _UNSET, share: Optional[float] = None,
-                       centroid_scores: Optional[torch.Tensor] = None) -> List[ScoredSpan]:
+                       allowed: Optional[np.ndarray] = _UNSET, share: Optional[float] = None) -> List[ScoredSpan]:
         """:meth:`search` with query vectors already encoded (``Ranker.encode_query``); ``allowed``
         (a mask from :meth:`allowed`) instead of ``filter`` when it is already computed.
 
-        For a shard of a sharded index (:class:`~agrame.index.sharded.ShardedIndex`): ``share``, the
-        part of the whole's live passages it holds, makes its candidate budget its share of the
-        whole's (:func:`shard_budget`) instead of a whole search's; ``centroid_scores``, the query's
-        scores against the codec's centroids when every shard shares the codec (computed once)."""
+        For a shard of a sharded index whose shards do not share a codec
+        (:class:`~agrame.index.sharded.ShardedIndex`): ``share``, the part of the whole's live passages
+        it holds, makes its candidate budget its share of the whole's (:func:`shard_budget`) instead of
+        a whole search's."""
         self._check(granularity, top_k)
         if allowed is _UNSET:
             allowed = self.allowed(filter)
@@ -310,7 +310,7 @@ class Index(BaseIndex):
         nprobe, ncandidates = self.budgets(granularity, top_k, nprobe, ncandidates, per_hit)
         if share is not None:
             ncandidates = shard_budget(ncandidates, share)
-        survivors = np.sort(self.candidates(q, nprobe, ncandidates, allowed, centroid_scores))
+        survivors = np.sort(self.candidates(q, nprobe, ncandidates, allowed))
         return self._score(q, s, survivors, granularity, top_k, alpha)
 
     def budgets(self, granularity: str, top_k: Optional[int], nprobe: Optional[int] = None,
@@ -391,11 +391,11 @@ class Index(BaseIndex):
         store = self.store
         if store is None:
             raise ValueError(f"index {self.path} is format 1: it has no compressed codes to score")
-        if getattr(self, "_token_lists", None) is None or self._token_lists[0] is not store:
+        if self._token_lists is None:
             n = len(store)
-            self._token_lists = (store, TokenLists.build(store.codes, store.starts[:n], store.doclens[:n],
-                                                         store.codec.num_centroids))
-        return warp_candidates(q, scoring.similarity(q.float(), self._centroids), store.codec, self._token_lists[1],
+            self._token_lists = TokenLists.build(store.codes, store.starts[:n], store.doclens[:n],
+                                                 store.codec.num_centroids)
+        return warp_candidates(q, scoring.similarity(q.float(), self._centroids), store.codec, self._token_lists,
                                store.residuals, nprobe, ncandidates, allowed)
 
     def _prune_by_codes(self, cs: torch.Tensor, unique: np.ndarray, ncandidates: int, with_scores: bool = False):

@@ -394,7 +394,7 @@ class ShardedIndex(ShardedWrites, BaseIndex):
         (the same centroids); the whole's best ``ncandidates`` of those are chosen, and each shard scores
         exactly only its part of them — the exact stage costs what one index's costs, not S × a share
         with a margin."""
-        from .search import shard_budget as search_budget
+        from .search import shard_budget
 
         first = self.shards[0]
         nprobe, ncandidates = first.budgets(granularity, top_k, nprobe, ncandidates, per_hit)
@@ -404,7 +404,7 @@ class ShardedIndex(ShardedWrites, BaseIndex):
             shard = self.shards[i]
             if granularity == "span" and not shard.manifest.get("has_spans"):
                 return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-            return shard.candidates(q, nprobe, search_budget(ncandidates, shares[i]), shard.allowed(filter), cs,
+            return shard.candidates(q, nprobe, shard_budget(ncandidates, shares[i]), shard.allowed(filter), cs,
                                     with_scores=True)
         proposed = self._map(propose, range(self.num_shards))
         scores = np.concatenate([sc for _, sc in proposed]) if proposed else np.zeros(0)
