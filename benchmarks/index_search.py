@@ -214,7 +214,8 @@ def cmd_run(args) -> None:
             path, _ = build(vectors, args.nbits)
             index = Index(path, model=encoder)
             settings = SearchSettings(args.nprobe or index.defaults.nprobe,
-                                      args.ncandidates or index.defaults.ncandidates)
+                                      args.ncandidates or index.defaults.ncandidates,
+                                      args.per_hit or index.defaults.per_hit)
             rank = lambda k: index_rankings(index, *encoded[k], alpha, settings, harness.sent_starts,  # noqa: E731
                                             vectors.spans)
             info.update({"first_stage": f"agrame compressed index, {args.nbits}-bit residuals",
@@ -892,6 +893,8 @@ def main(argv=None) -> None:
     r.add_argument("--nbits", type=int, default=2)
     r.add_argument("--nprobe", type=int, default=None)
     r.add_argument("--ncandidates", type=int, default=None)
+    r.add_argument("--per-hit", type=int, default=None,
+                   help="a passage search scores at least per_hit × k passages exactly (default: the index's)")
     r.add_argument("--limit", type=int, default=None)
     r.add_argument("--alpha", type=float, default=None)
     r.add_argument("--out", default=None)

@@ -768,7 +768,8 @@ def render_index_search(results: List[dict], open_domain: List[dict] | None = No
            "exact scan ran (a sample: ~2 s per question); the ↳ rows give the same run's metrics on exactly those "
            "questions, for a paired comparison. All quality rows use "
            "the same cached token vectors of `squad-a1` (the default when they ran); the size and latency "
-           "tables name their model.", ""]
+           "tables name their model. Each row names its budgets: rows run before 2026-11-26's change of the "
+           "default (per hit 10 → 5) carry per hit 10 and take `--per-hit 10` to run again today.", ""]
     runs = [r for r in results if "what" not in r]
     for dataset in sorted({r["dataset"] for r in runs}):
         rows = [r for r in runs if r["dataset"] == dataset]
@@ -959,6 +960,10 @@ def render_plaid(results: List[dict]) -> str:
             out.append(f"| {name} | {sys_['bytes_per_token']} | {_fmt(m.get('psg_p1'))} | {_fmt(m.get('psg_r100'))} "
                        f"| {sys_['search_ms_k10']['median']} / {sys_['search_ms_k10']['p95']} "
                        f"| {sys_['search_ms_k100']['median']} / {sys_['search_ms_k100']['p95']} |")
+        sent = r["systems"].get("agrame", {}).get("sentence_search_ms_k10")
+        if sent:
+            out += ["", f"AGRaME sentence search, top 10, default settings (same run, same queries): "
+                        f"{sent['median']} / {sent['p95']} ms median / p95 over {sent['queries']} queries."]
         out += ["", f"- `{r['command']}`, {r['date']}", ""]
     return "\n".join(out)
 

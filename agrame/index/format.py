@@ -146,22 +146,23 @@ def validate_manifest(path: Path, m: dict) -> None:
         bad("num_deleted", "must be an integer between 0 and num_passages")
     if tombstones is not None:
         if tombstones not in files or files[tombstones]["size"] != dead * 4:
-            bad("tombstones", f"must name a file of num_deleted × 4 bytes in 'files'")
+            bad("tombstones", "must name a file of num_deleted × 4 bytes in 'files'")
     elif dead:
         bad("num_deleted", "is not 0 but no tombstones file is named")
 
 
 class SearchSettings(NamedTuple):
-    """Candidate-generation settings. Defaults chosen on 100 SQuAD *train* questions over the pooled
-    corpus with squad-a1 (the default then), 2-bit index (``python -m benchmarks.index_search choose``; grid in
-    benchmarks/README.md): the cheapest sentence search (top 10) whose top sentence equals the
-    exhaustive scan's on ≥ 99% of questions (nprobe 2–8, ncandidates 128), and the cheapest passage
-    search (top 100) with ≥ 97% top-100 overlap with it (nprobe 8, 1,024 = 10 per hit)."""
+    """Candidate-generation settings, chosen with the default model (zero-shot MiniLM, 384-d) on 100 SQuAD
+    *train* questions over the pooled corpus, 2-bit index (``python -m benchmarks.index_search choose --model
+    zero-shot``; grid in benchmarks/README.md): the cheapest sentence search (top 10) whose top sentence
+    equals the exhaustive compressed scan's on ≥ 99% of questions (nprobe 8, ncandidates 128), and the
+    cheapest passage search (top 100) with ≥ 97% top-100 overlap with it (nprobe 8, 512 = 5 per hit;
+    ``squad-a1``, the default before, needed 10 per hit)."""
 
     nprobe: int = 8
     ncandidates: int = 128
     #: A passage search scores at least ``per_hit × top_k`` passages exactly (PLAID's ndocs grows with k too).
-    per_hit: int = 10
+    per_hit: int = 5
 
 
 def valid_digest(d: Any) -> bool:

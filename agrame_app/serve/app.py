@@ -378,6 +378,7 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
 
     from agrame import __version__
     from agrame.encoder import load_encoder
+    from agrame.index.format import SearchSettings
     from agrame.ranker import Ranker
 
     holder = None
@@ -418,7 +419,7 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
         nprobe = req.nprobe or getattr(defaults, "nprobe", 8)
         candidates = req.ncandidates or getattr(defaults, "ncandidates", 128)
         if req.granularity == "passage":
-            candidates = max(candidates, getattr(defaults, "per_hit", 10) * req.top_k)
+            candidates = max(candidates, getattr(defaults, "per_hit", SearchSettings().per_hit) * req.top_k)
         return len(req.query) + 250 * candidates + 100 * nprobe + (2_000 * req.top_k if req.explain else 0)
 
     if (allow_writes or protect_reads) and not api_key:
