@@ -327,3 +327,25 @@ def test_index_search_run_refuses_the_other_kind_of_model(argv, message):
 
     with pytest.raises(SystemExit, match=message):
         index_search.main(["run", "--dataset", "squad-dev", *argv])
+
+
+def test_index_search_run_records_the_per_hit_it_searched_with(tmp_path, tiny_model_dir):
+    # --per-hit reaches the passage search: a run at 1 per hit and one at the index's default record
+    # their budgets, and at 1 per hit a top 100 scores at least 100 passages exactly, so over a pool of
+    # ~44 passages both rank every passage and agree.
+    from benchmarks import index_search
+    from benchmarks.encodings import cache_root
+
+    runs = {}
+    for per_hit, tag in ((1, "ph1"), (None, "phdefault")):
+        out = tmp_path / f"{tag}.json"
+        index_search.main(["run", "--dataset", "squad-dev", "--first-stage", "agrame", "--model", str(tiny_model_dir),
+                           "--limit", "3", "--pool-limit", "40", "--tag", tag, "--out", str(out)]
+                          + (["--per-hit", str(per_hit)] if per_hit else []))
+        runs[tag] = json.loads(out.read_text())
+        runs[tag]["rankings"] = json.loads(
+            (cache_root() / f"index_search-squad-dev-agrame-2b-s3-{tag}-rankings.json").read_text())
+    assert runs["ph1"]["search"]["per_hit"] == 1
+    assert runs["phdefault"]["search"]["per_hit"] == index_search.SearchSettings().per_hit
+    assert runs["ph1"]["rankings"] == runs["phdefault"]["rankings"]
+    assert "--per-hit 1" in runs["ph1"]["command"]
