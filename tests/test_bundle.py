@@ -239,3 +239,26 @@ def test_the_exact_mining_scan_ranks_as_the_ranker_does(make_tiny_encoder):
     by_model, by_bm25 = miner.ranked(["why do reefs bleach"], ["q0"])
     assert by_model == [[2, 1, 0]] and len(by_bm25[0]) == 3
     assert choose_negatives(0, "zzz", by_model[0], [3, 1], TEXTS, 2, 1)[0] == 2
+
+
+def test_the_refusal_names_the_shipped_models_a_device_call_need_not_send(tmp_path):
+    import subprocess
+
+    repo = tmp_path / "repo"
+    for rel, size in (("agrame/models/zero-shot-128/projection.safetensors", 300),  # a start: stays
+                      ("agrame/models/big/delta.safetensors", 4000), ("agrame/models/big/delta.json", 96),
+                      ("agrame/encoder.py", 50)):
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_bytes(b"x" * size)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    assert bundle.unneeded_shipped_models(repo) == {"big": 4096}
+    hint = bundle.slim_checkout_hint(1000, repo)
+    assert "git rm -rq agrame/models/big &&" in hint and "zero-shot-128" not in hint
+    assert bundle.slim_checkout_hint(5000, repo) == ""  # leaving them out would not make room
+
+
+def test_a_checkout_without_the_unneeded_shipped_models_leaves_room_for_the_real_bundle():
+    # The last real bundle (README, issue 39) was 50.6 MiB; the shipped trained models travel with the
+    # checkout, so without them the device call must still have that much room.
+    slim = bundle.travelling_bytes() - sum(bundle.unneeded_shipped_models().values())
+    assert bundle.LIMIT_MIB - slim / 2 ** 20 >= 50.6

@@ -301,6 +301,33 @@ def travelling_bytes(repo: Path = REPO) -> int:
     return sum((repo / f).stat().st_size for f in listed.stdout.split("\0") if f and (repo / f).is_file())
 
 
+def unneeded_shipped_models(repo: Path = REPO) -> Dict[str, int]:
+    """Bytes of each shipped model folder (``agrame/models/<name>``) that no student starts from: the
+    device call sends them with the checkout although the bundle carries its own code without them."""
+    starts = {start for start, _ in MODELS.values()}
+    listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "-co", "--exclude-standard", "agrame/models"],
+                            capture_output=True, text=True)
+    sizes: Dict[str, int] = {}
+    for f in listed.stdout.split("\0") if listed.returncode == 0 else []:
+        parts = Path(f).parts
+        if len(parts) > 3 and parts[2] not in starts and (repo / f).is_file():
+            sizes[parts[2]] = sizes.get(parts[2], 0) + (repo / f).stat().st_size
+    return sizes
+
+
+def slim_checkout_hint(excess: int, repo: Path = REPO) -> str:
+    """How to pack and call the device from a commit without the shipped models no student needs,
+    when leaving them out would make room for ``excess`` bytes (else "")."""
+    heavy = unneeded_shipped_models(repo)
+    if not heavy or sum(heavy.values()) < excess:
+        return ""
+    paths = " ".join(f"agrame/models/{name}" for name in sorted(heavy))
+    return (f". The checkout sends {sum(heavy.values()) / 2 ** 20:.1f} MiB of shipped models that no student "
+            f"starts from ({', '.join(sorted(heavy))}): pack and call the device from a commit without them — "
+            f"git switch -c device-run && git rm -rq {paths} && git commit -qm 'device run: no shipped models' — "
+            "and git switch back before unpack")
+
+
 def parse_data(specs: Sequence[str]) -> List[Tuple[str, Path, int]]:
     """``FILE[@N]`` → (name, path, copies)."""
     out = []
@@ -319,6 +346,7 @@ def pack(out: Path, *, train: Sequence[str], distill: Sequence[str], models: Seq
     ``limit_mib`` None: what the device call leaves beside the checkout that travels with it. ``mine``:
     ``(records file name, model)`` whose questions are ranked there against all its passages by
     exact MaxSim (``training.mined exact-rank``), the recipe's mined negatives for a later run."""
+    from_checkout = limit_mib is None
     if limit_mib is None:
         limit_mib = LIMIT_MIB - travelling_bytes() / 2 ** 20
     unknown = [m for m in models if m not in MODELS]
@@ -353,8 +381,9 @@ def pack(out: Path, *, train: Sequence[str], distill: Sequence[str], models: Seq
     total = sum(len(b) for v in parts.values() for b in v.values())
     if total > limit_mib * 2 ** 20:
         sizes = ", ".join(f"{k} {sum(len(b) for b in v.values()) / 2 ** 20:.1f} MiB" for k, v in parts.items())
+        hint = slim_checkout_hint(int(total - limit_mib * 2 ** 20)) if from_checkout else ""
         raise BundleError(f"the bundle would be {total / 2 ** 20:.1f} MiB, over its limit of {limit_mib:.2f} MiB "
-                          f"({sizes}); nothing was written")
+                          f"({sizes}); nothing was written{hint}")
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
