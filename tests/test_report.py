@@ -234,3 +234,21 @@ def test_every_committed_result_renders(tmp_path):
 
     text = build(RESULTS, chart=None)
     assert "## Data safety: hostile probes" in text and "## Crash safety" in text
+
+
+def test_frontier_rows_show_the_same_index_on_the_reported_splits_at_the_shipped_budget():
+    from benchmarks.report import _frontier_split
+
+    def run(dataset, per_hit, p1, nbits=2, fingerprint="abc", questions=2000):
+        return {"dataset": dataset, "fingerprint": fingerprint, "search": {"per_hit": per_hit},
+                "first_stage": f"agrame compressed index, {nbits}-bit residuals", "date": "2026-11-26",
+                "sample": {"questions": questions}, "metrics": {"psg_p1": p1, "psg_r100": 98.0, "sent_p1": 60.0}}
+
+    results = [run("squad-dev", 10, 70.0), run("squad-dev", 5, 71.0), run("squad-dev", 5, 1.0, nbits=4),
+               run("squad-dev", 5, 2.0, fingerprint="other"), run("squad-dev", 5, 3.0, questions=300),
+               run("nq-oracle", 10, 60.0, questions=2655)]
+    row = {"fingerprint": "abc", "nbits": 2}
+    assert _frontier_split(results, row, "squad-dev") == "71.0 / 98.0 / 60.0"  # per_hit 5 preferred
+    assert _frontier_split(results, row, "nq-oracle") == "60.0 / 98.0 / 60.0"
+    assert _frontier_split(results, {"fingerprint": "abc", "nbits": 1}, "squad-dev") == "–"
+    assert _frontier_split(results, {"fingerprint": "abc", "nbits": 16}, "squad-dev") == "–"
