@@ -211,6 +211,15 @@ def score_corpus(
             both = scoring.similarity(torch.cat([q_vecs, s_vecs]), vecs, precise)
             sim, s_both = both[:q_vecs.shape[0]], both[q_vecs.shape[0]:]
         local_passage = corpus.token_passage[t_lo:t_hi] - p_lo
+        if granularity == "sentence" and shared:
+            tok_sent = corpus.token_sentence[t_lo:t_hi]
+            inside = tok_sent[tok_sent >= 0]
+            if inside.numel():  # one query for both: a passage's maxima from its sentences' (one scatter less)
+                s_lo, s_hi = int(inside.min()), int(inside.max()) + 1
+                local = torch.where(tok_sent >= 0, tok_sent - s_lo, tok_sent)
+                sentence_scores[s_lo:s_hi], passage_scores[p_lo:p_hi] = scoring.nested_segment_maxsim(
+                    sim, local, s_hi - s_lo, corpus.sentence_passage[s_lo:s_hi] - p_lo, local_passage, p_hi - p_lo)
+                continue
         passage_scores[p_lo:p_hi] = scoring.segment_maxsim(sim, local_passage, p_hi - p_lo)
         if granularity == "passage":
             continue

@@ -108,6 +108,35 @@ def segment_maxsim(
     return _query_sum(segment_max(sim, segment_ids, num_segments).transpose(0, 1), query_mask)
 
 
+def nested_segment_maxsim(
+    sim: torch.Tensor,
+    segment_ids: torch.Tensor,
+    num_segments: int,
+    segment_groups: torch.Tensor,
+    token_groups: torch.Tensor,
+    num_groups: int,
+    query_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores of disjoint segments (sentences) *and* of the groups (passages) holding them, for one
+    scatter over the tokens: ``(segment scores [num_segments], group scores [num_groups])``.
+
+    ``segment_ids``: ``[n]``, −1 for a token outside every segment (a passage's ``[CLS]`` and marker);
+    ``segment_groups[s]``: segment s's group; ``token_groups``: ``[n]`` each token's group (a segment's
+    tokens are in its group). The tokens outside segments form one more segment per group, so a group's
+    max per query token is the max over its segments' maxima, and a max is exact: the group scores equal
+    :func:`segment_maxsim` over the group's tokens bit for bit, for a scatter over segments instead of a
+    second one over tokens. An empty group scores −inf.
+    """
+    segment_ids, token_groups = segment_ids.long(), token_groups.long()
+    ids = torch.where(segment_ids >= 0, segment_ids, num_segments + token_groups)
+    per_segment = segment_max(sim, ids, num_segments + num_groups)
+    owners = torch.cat([segment_groups.long(), torch.arange(num_groups, device=segment_groups.device)])
+    per_group = segment_max(per_segment, owners, num_groups)
+    # contiguous: the sums then run over the same memory layout as segment_maxsim's (same bits)
+    return (_query_sum(per_segment[:, :num_segments].contiguous().transpose(0, 1), query_mask),
+            _query_sum(per_group.transpose(0, 1), query_mask))
+
+
 def subquery_segment_maxsim(sim: torch.Tensor, query_masks: torch.Tensor, segment_ids: torch.Tensor,
                             num_segments: int) -> torch.Tensor:
     """Every sub-query against every segment (e.g. propositions × passages): ``[M, S]``.

@@ -483,3 +483,25 @@ def test_lazily_decompressed_vectors_score_as_the_decompressed_corpus(tmp_path, 
     assert torch.equal(a.passage, b.passage)
     if granularity == "sentence":
         assert torch.equal(a.sentence, b.sentence)
+
+
+def test_one_query_for_both_scores_sentences_and_passages_as_two_queries_do(tmp_path, tiny_encoder, monkeypatch):
+    # score_corpus with one query tensor for passage and sentence takes the passage maxima from the
+    # sentences' (scoring.nested_segment_maxsim); handed an equal copy it scores tokens twice as before:
+    # the same scores, bit for bit, over chunk boundaries, eagerly and lazily decompressed.
+    from agrame.index.codec import CompressedVectors
+    from agrame.ranker import score_corpus
+
+    passages = [Passage(f"p{i}", t) for i, t in enumerate(TEXTS)]
+    build_index(tiny_encoder, passages, tmp_path / "ix", progress=False)
+    store = Index(tmp_path / "ix", model=tiny_encoder).store
+    pids = np.array([3, 0, 2, 1])
+    monkeypatch.setattr(CompressedVectors, "chunk_tokens", 5)
+    q = tiny_encoder.encode_query("coral reef", "Q").vectors
+    for corpus in (store.corpus(pids), store.corpus(pids, lazy=True), store.corpus(pids, with_offsets=False, lazy=True)):
+        assert bool((corpus.token_sentence < 0).any())  # [CLS] and [D] are in no sentence
+        for chunk in (5, 10_000):
+            shared = score_corpus(q, q, corpus, "sentence", chunk_tokens=chunk)
+            apart = score_corpus(q, q.clone(), corpus, "sentence", chunk_tokens=chunk)
+            assert torch.equal(shared.passage, apart.passage) and torch.equal(shared.sentence, apart.sentence)
+            assert torch.equal(shared.passage, score_corpus(q, None, corpus, "passage", chunk_tokens=chunk).passage)

@@ -151,3 +151,29 @@ def test_subquery_segment_maxsim_matches_naive_loop(lq, n, n_seg, n_sub, seed):
             expected = sum(float(sim[i, cols].max()) for i in range(lq) if masks[m, i])
             assert float(got[m, s]) == pytest.approx(expected, abs=1e-5)
             assert float(per_token[0, s]) == pytest.approx(float(sim[0, cols].max()))
+
+
+@given(sims(), st.integers(1, 6), st.integers(1, 4), st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_nested_segment_maxsim_equals_two_segment_maxsims_bit_for_bit(sim_g, num_segments, num_groups, masked):
+    # Segments in order inside groups (sentences of passages), some tokens in no segment (a passage's
+    # [CLS] and marker): the scores are segment_maxsim's over the tokens exactly, not just closely.
+    sim, g = sim_g
+    sim = sim.float()
+    n = sim.shape[1]
+    segment_group = torch.sort(torch.randint(0, num_groups, (num_segments,), generator=g)).values
+    token_groups = torch.sort(torch.randint(0, num_groups, (n,), generator=g)).values
+    # a token's segment: one of its group's, or none (−1)
+    token_segment = torch.full((n,), -1)
+    for j in range(n):
+        mine = (segment_group == token_groups[j]).nonzero().flatten()
+        if len(mine) and torch.rand(1, generator=g) < 0.8:
+            token_segment[j] = mine[torch.randint(len(mine), (1,), generator=g)]
+    query_mask = torch.rand(sim.shape[0], generator=g) < 0.7 if masked else None
+    seg, grp = scoring.nested_segment_maxsim(sim, token_segment, num_segments, segment_group, token_groups,
+                                             num_groups, query_mask)
+    assert torch.equal(seg, scoring.segment_maxsim(sim, token_segment, num_segments, query_mask))
+    assert torch.equal(grp, scoring.segment_maxsim(sim, token_groups, num_groups, query_mask))
+    for p in range(num_groups):
+        if not (token_groups == p).any() and (query_mask is None or query_mask.any()):
+            assert grp[p] == NEG

@@ -661,8 +661,9 @@ class Store:
         ``with_sentences=False`` (passage searches) skips the sentence tables and reads a passage's
         record (id, text) only when a caller asks for it — for the few hits, not every survivor.
         ``with_offsets=False`` (sentence searches) leaves every token's offsets at (0, 0) instead of
-        recomputing them: sentence scores need only the token→sentence table. Spans and
-        explanations need them (the default). A passage-only corpus has neither.
+        recomputing them: sentence scores need only the token→sentence table; where that table is
+        stored the records, too, are read for the hits alone (and stored spans are left out). Spans
+        and explanations need offsets (the default). A passage-only corpus has neither.
         ``lazy``: vectors that decompress as exact scoring reads them (:class:`CompressedVectors`)
         instead of one float32 tensor.
         """
@@ -684,9 +685,15 @@ class Store:
                 token_passage=token_passage, token_sentence=torch.full((len(rows),), -1, dtype=torch.long),
                 sentences=torch.zeros((0, 2), dtype=torch.long), sentence_passage=torch.zeros(0, dtype=torch.long),
                 passage_starts=passage_starts)
-        records = [self.record(p) for p in pids.tolist()]
-        offsets = (self._offsets(pids, rows, records) if with_offsets or self.sentence_tokens is None
-                   else torch.zeros((len(rows), 2), dtype=torch.long))
+        if with_offsets or self.sentence_tokens is None:
+            records = [self.record(p) for p in pids.tolist()]
+            offsets = self._offsets(pids, rows, records)
+            ids, texts = [r["id"] for r in records], [r["text"] for r in records]
+            spans = {r["id"]: tuple(r["spans"]) for r in records if "spans" in r}
+        else:  # sentence scores need the stored token→sentence table only: records read for the hits alone
+            lazy_records = _LazyRecords(self, pids)
+            ids, texts, spans = lazy_records.view("id"), lazy_records.view("text"), {}
+            offsets = torch.zeros((len(rows), 2), dtype=torch.long)
         sent_counts = self.sent_starts[pids + 1] - self.sent_starts[pids]
         sent_rows = _ranges(self.sent_starts[pids], sent_counts)
         sentences = torch.from_numpy(self.sentences[sent_rows].astype(np.int64))
@@ -698,12 +705,11 @@ class Store:
             local = sorted_token_segments(offsets, sentences, token_passage, span_starts)
         token_sentence = torch.where(local >= 0, local + span_starts[token_passage], local)
         return EncodedCorpus(
-            ids=[r["id"] for r in records], texts=[r["text"] for r in records], vectors=vectors,
+            ids=ids, texts=texts, vectors=vectors,
             offsets=offsets, token_passage=token_passage, token_sentence=token_sentence,
             sentences=sentences.reshape(-1, 2),
             sentence_passage=torch.repeat_interleave(torch.arange(len(pids)), torch.from_numpy(sent_counts)),
-            passage_starts=passage_starts,
-            spans={r["id"]: tuple(r["spans"]) for r in records if "spans" in r})
+            passage_starts=passage_starts, spans=spans)
 
     def _offsets(self, pids: np.ndarray, rows: np.ndarray, records: List[dict]):
         """``[n, 2]`` character offsets of the tokens of ``pids`` (rows ``rows``): stored, or recomputed."""
