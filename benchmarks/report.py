@@ -759,22 +759,14 @@ def _model_label(r: dict) -> str:
 
 
 def _engine_section(r: dict) -> List[str]:
-    """``index_search engine``: the shipped engine beside its variants (results before the three-variant
-    layout name two: "chunked" and "engine before", same chunk sizes and per_hit)."""
+    """``index_search engine``: the shipped engine beside its variants, one run."""
     first = next(iter(r["ms_search_only"]))
     cases = list(r["ms_search_only"][first])
     mem = r["memory"]
-    if "variants" in r:
-        v = r["variants"]
-        what = "; ".join(f"*{name}*: exact stage in chunks of {x['chunk_tokens']:,} tokens, {x['per_hit']} passages "
-                         "scored exactly per passage hit" for name, x in v.items())
-        ratios = r["ratio_shipped_over"]
-        passes = "passes A B C C B A"
-    else:
-        what = (f"*Engine before*: the exact stage decompresses the whole candidate set (chunks of "
-                f"{r['chunk_tokens']['engine before']:,} tokens) instead of {r['chunk_tokens']['chunked']:,} tokens at a time")
-        ratios = {"engine before": r["ratio_chunked_over_before"]}
-        passes = "passes A B B A"
+    what = "; ".join(f"*{name}*: exact stage in chunks of {x['chunk_tokens']:,} tokens, {x['per_hit']} passages "
+                     "scored exactly per passage hit" for name, x in r["variants"].items())
+    ratios = r["ratio_shipped_over"]
+    passes = "passes A B C C B A"
     out = ["### Engine latency at the shipped defaults (search only, one run)", "",
            f"{_model_label(r)} (fingerprint {r['fingerprint']}), {r['nbits']}-bit residuals, {r['threads']} threads, "
            f"{r['queries']}; nprobe {r['search']['nprobe']}, ncandidates {r['search']['ncandidates']}, per_hit "
@@ -793,7 +785,9 @@ def _engine_section(r: dict) -> List[str]:
 
 def _frontier_split(results: List[dict], row: dict, dataset: str) -> str:
     """A frontier row's index on a reported split: the full-protocol ``index_search run`` of the same model
-    (fingerprint) and bit width, at the shipped per_hit (5) where there is one; "–" where none ran."""
+    (fingerprint) and bit width, at the shipped per_hit where there is one; "–" where none ran."""
+    from agrame.index.format import SearchSettings
+
     if row.get("nbits", 16) >= 16:
         return "–"
     runs = [x for x in results if "what" not in x and x.get("dataset") == dataset
@@ -802,7 +796,8 @@ def _frontier_split(results: List[dict], row: dict, dataset: str) -> str:
             and x["sample"]["questions"] == {"squad-dev": 2000, "nq-oracle": 2655}[dataset]]
     if not runs:
         return "–"
-    x = max(runs, key=lambda x: (x["search"].get("per_hit") == 5, x.get("date", "")))
+    shipped = SearchSettings().per_hit
+    x = max(runs, key=lambda x: (x["search"].get("per_hit") == shipped, x.get("date", "")))
     m = x["metrics"]
     return f"{_fmt(m['psg_p1'])} / {_fmt(m['psg_r100'])} / {_fmt(m.get('sent_p1'))}"
 

@@ -291,27 +291,30 @@ def _wheel_files(how: str) -> Dict[str, bytes]:
     return {f"wheels/{f.name}": f.read_bytes() for f in found}
 
 
-def travelling_bytes(repo: Path = REPO) -> int:
-    """What travels to the device beside a carried bundle: the checkout's tracked and untracked, not
-    ignored files (the device tool's 64 MiB count them all)."""
-    listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "-co", "--exclude-standard"],
+def _travelling_files(repo: Path, *under: str) -> Dict[str, int]:
+    """Bytes of each file that travels to the device (the checkout's tracked and untracked, not ignored
+    files), by path relative to ``repo``, optionally only those ``under`` some folders."""
+    listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "-co", "--exclude-standard", *under],
                             capture_output=True, text=True)
     if listed.returncode != 0:
-        return 0
-    return sum((repo / f).stat().st_size for f in listed.stdout.split("\0") if f and (repo / f).is_file())
+        return {}
+    return {f: (repo / f).stat().st_size for f in listed.stdout.split("\0") if f and (repo / f).is_file()}
+
+
+def travelling_bytes(repo: Path = REPO) -> int:
+    """What travels to the device beside a carried bundle (the device tool's 64 MiB count it all)."""
+    return sum(_travelling_files(repo).values())
 
 
 def unneeded_shipped_models(repo: Path = REPO) -> Dict[str, int]:
     """Bytes of each shipped model folder (``agrame/models/<name>``) that no student starts from: the
     device call sends them with the checkout although the bundle carries its own code without them."""
     starts = {start for start, _ in MODELS.values()}
-    listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "-co", "--exclude-standard", "agrame/models"],
-                            capture_output=True, text=True)
     sizes: Dict[str, int] = {}
-    for f in listed.stdout.split("\0") if listed.returncode == 0 else []:
+    for f, size in _travelling_files(repo, "agrame/models").items():
         parts = Path(f).parts
-        if len(parts) > 3 and parts[2] not in starts and (repo / f).is_file():
-            sizes[parts[2]] = sizes.get(parts[2], 0) + (repo / f).stat().st_size
+        if len(parts) > 3 and parts[2] not in starts:
+            sizes[parts[2]] = sizes.get(parts[2], 0) + size
     return sizes
 
 
