@@ -92,6 +92,8 @@ def test_pack_run_unpack_equals_a_model_trained_here(tmp_path, tiny_base):
     rankings = [json.loads(x) for x in (tmp_path / "models" / "squad-ranking.jsonl").read_text().splitlines()]
     assert [r["qid"] for r in rankings] == [f"q{k}" for k in range(8)]
     assert all(sorted(r["ranked"]) == [0, 1, 2, 3] for r in rankings)
+    assert report["mining"]["exit"] == 0 and not report["mining"]["stopped_at_deadline"]
+    assert not list(out.glob("*.partial"))
     # here, with the same seed, data (the teacher's scores made here too) and recipe
     scored = tmp_path / "distill-scored.jsonl"
     local_env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -262,3 +264,39 @@ def test_a_checkout_without_the_unneeded_shipped_models_leaves_room_for_the_real
     # checkout, so without them the device call must still have that much room.
     slim = bundle.travelling_bytes() - sum(bundle.unneeded_shipped_models().values())
     assert bundle.LIMIT_MIB - slim / 2 ** 20 >= 50.6
+
+
+def test_a_stage_past_its_deadline_is_stopped_and_named(tmp_path):
+    import time
+
+    started = time.time()
+    with pytest.raises(BundleError, match="slow still running"):
+        bundle._side_by_side({"slow": ["-c", "import time; time.sleep(60)"], "quick": ["-c", "pass"]},
+                             tmp_path / "logs", dict(os.environ), deadline=time.time() + 1)
+    assert time.time() - started < 30
+    codes, late = bundle._wait(bundle._start({"quick": ["-c", "pass"]}, tmp_path / "logs", dict(os.environ)),
+                               deadline=time.time() + 30)
+    assert codes == {"quick": 0} and late == []
+
+
+def test_each_process_side_by_side_gets_its_share_of_the_cores(tmp_path):
+    show = ["-c", "import os; print(os.environ['OMP_NUM_THREADS'])"]
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    bundle._wait(bundle._start({"a": show, "b": show}, tmp_path / "shared", env))
+    share = str(max(1, (os.cpu_count() or 1) // 2))
+    assert [(tmp_path / "shared" / f"{n}.log").read_text().strip() for n in "ab"] == [share, share]
+    bundle._wait(bundle._start({"a": show}, tmp_path / "fixed", {**env, "OMP_NUM_THREADS": "3"}))
+    assert (tmp_path / "fixed" / "a.log").read_text().strip() == "3"  # a caller's --threads wins
+
+
+def test_the_carried_wheels_satisfy_the_carried_transformers_pins():
+    # The machine's own huggingface-hub (1.x) failed transformers 4.48's import-time check on the first
+    # device call: every package that check names and the bundle carries must be in its range.
+    from packaging.specifiers import SpecifierSet
+    from transformers.dependency_versions_table import deps
+
+    pins = dict(w.split("==") for w in bundle.WHEELS)
+    assert "huggingface-hub" in pins
+    # every transformers < 4.58 (the project's range; the table read is the installed one's) asks
+    # huggingface-hub < 1.0 and a floor at or below the carried pin
+    assert pins["huggingface-hub"] in SpecifierSet(deps["huggingface-hub"][len("huggingface-hub"):])

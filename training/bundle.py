@@ -10,8 +10,8 @@ What travels (``pack``; refused, with the sizes named, before anything is writte
 ``state_dict`` in float16 (its 90 MB of float32 do not fit) and xz, with its config and tokenizer
 files; each start model (``zero-shot``, ``zero-shot-128``) as settings and projection over that
 backbone; the training records with each passage text stored once (by content hash) and xz; the
-wheels of transformers < 4.58 and its tokenizers (the machine has transformers 5, which finds no
-``[unused0]`` marker row) — and ``bundle.json``, the recipe.
+wheels of transformers < 4.58, its tokenizers and huggingface-hub < 1.0 (the machine has
+transformers 5, which finds no ``[unused0]`` marker row) — and ``bundle.json``, the recipe.
 
 What runs there (``run``, behind ``run.sh``): θ₀ rebuilt in float32 (``AGRAME_MINILM`` points every
 process at it), the distill records scored by the zero-shot teacher on the device, a short
@@ -56,8 +56,10 @@ RECIPE = ["--layers", "6", "--query-marker", "none", "--batch-size", "8", "--lr"
 MODELS = {"agrame": ("zero-shot", ["--dim", "0", "--sentence-marker", "Q'"]),
           "colbert": ("zero-shot", ["--dim", "0", "--sentence-weight", "0"]),
           "agrame128": ("zero-shot-128", ["--dim", "128", "--sentence-marker", "Q'"])}
-#: transformers < 4.58 and its tokenizers, as wheels for the machine's Python (pure Python / abi3).
-WHEELS = ["transformers==4.48.2", "tokenizers==0.21.4"]
+#: transformers < 4.58, its tokenizers and its huggingface-hub (< 1.0: the machine's 1.x fails
+#: transformers 4.48's import-time version check — the first device call stopped there), as wheels for
+#: the machine's Python (pure Python / abi3).
+WHEELS = ["transformers==4.48.2", "tokenizers==0.21.4", "huggingface-hub==0.36.2"]
 _LOG_LINE = re.compile(r"(\S+ \S+) step (\d+) ")
 
 
@@ -479,13 +481,41 @@ def _student_args(manifest: dict, model: str, work: Path, data: List[str], devic
             + ["--device", device, "--data", *data])
 
 
-def _side_by_side(commands: Dict[str, List[str]], logs: Path, env: dict) -> Dict[str, int]:
+def _start(commands: Dict[str, List[str]], logs: Path, env: dict) -> Dict[str, subprocess.Popen]:
+    """Each command as its own process, ``OMP_NUM_THREADS`` = the machine's cores shared among them
+    unless the caller fixed it. The first device call left it unset: four processes of 16 threads on
+    16 cores had not scored the distill records after 9 minutes (the reference run, 5 threads × 3,
+    took 52 s; a later call with 4 threads each scored 300 records a process in 27 s)."""
     logs.mkdir(parents=True, exist_ok=True)
+    env = dict(env)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, len(commands)))))
     procs = {}
     for name, argv in commands.items():
         with open(logs / f"{name}.log", "w") as log:
             procs[name] = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, env=env)
-    return {name: p.wait() for name, p in procs.items()}
+    return procs
+
+
+def _wait(procs: Dict[str, subprocess.Popen], deadline: Optional[float] = None) -> Tuple[Dict[str, int], List[str]]:
+    """Exit codes, and the names of those still running at ``deadline`` (time.time()), then killed."""
+    codes: Dict[str, int] = {}
+    late: List[str] = []
+    for name, p in procs.items():
+        try:
+            codes[name] = p.wait(timeout=None if deadline is None else max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            codes[name] = p.wait()
+            late.append(name)
+    return codes, late
+
+
+def _side_by_side(commands: Dict[str, List[str]], logs: Path, env: dict,
+                  deadline: Optional[float] = None) -> Dict[str, int]:
+    codes, late = _wait(_start(commands, logs, env), deadline)
+    if late:
+        raise BundleError(f"{', '.join(late)} still running at the stage's deadline, stopped (logs in {logs})")
+    return codes
 
 
 def run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: float = 540.0,
@@ -519,11 +549,21 @@ def run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: fl
         scoring["mine"] = ["-m", "training.mined", "exact-rank", "--model", str(work / "starts" / mine["model"]),
                            "--records", str(work / "data" / mine["records"]), "--out", str(out / "squad-ranking.jsonl"),
                            "--device", device]
-    codes = _side_by_side(scoring, work / "logs" / "teacher", env)
+    # The mining scan starts beside the teacher but is waited for only at the end: the students need
+    # the teacher's scores, not the ranking, and it shares the device with their steps.
+    teacher_env = dict(env)
+    teacher_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, len(scoring)))))
+    mining = _start({"mine": scoring.pop("mine")}, work / "logs" / "mine", teacher_env) if mine else {}
+    progress = lambda stage: (out / "run.json").write_text(  # noqa: E731  (a call cut short still reports)
+        json.dumps({**report, "stage": stage, "at_s": elapsed()}, indent=2) + "\n")
+    progress("teacher")
+    # the teacher's share of the budget: past it, training could not have its steps anyway
+    codes = _side_by_side(scoring, work / "logs" / "teacher", teacher_env, deadline=t0 + budget * 0.5)
     if any(codes.values()):
-        raise BundleError(f"teacher scoring or mining failed: {codes} (logs in {work / 'logs' / 'teacher'})")
+        raise BundleError(f"teacher scoring failed: {codes} (logs in {work / 'logs' / 'teacher'})")
     report["teacher_s"] = elapsed()
     say(f"distill records scored at {elapsed()} s")
+    progress("calibration")
     if steps is None:
         cal = work / "cal"
         codes = _side_by_side({m: ["-m", "training.student", *_student_args(manifest, m, work, data, device),
@@ -540,6 +580,7 @@ def run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: fl
     else:
         report["steps"] = steps
         minutes = []
+    progress("training")
     codes = _side_by_side({m: ["-m", "training.student", *_student_args(manifest, m, work, data, device),
                                "--steps", str(steps), *minutes, "--out", str(work / "big" / m)] for m in models},
                           work / "logs" / "train", env)
@@ -554,6 +595,14 @@ def run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: fl
         files = pack_student(work / "big" / m, work / "base", out, m, manifest)
         report["students"][m] = {"files": files, "last_log": (work / "big" / m / "train.log").read_text()
                                  .strip().splitlines()[-1:]}
+    if mining:
+        mined, late = _wait(mining, deadline=t0 + budget - 10)
+        log = (work / "logs" / "mine" / "mine.log").read_text()[-1000:]
+        report["mining"] = {"exit": mined["mine"], "stopped_at_deadline": bool(late), "log": log}
+        if mined["mine"] or late:
+            for f in ("squad-ranking.jsonl", "squad-ranking.jsonl.partial"):  # a partial ranking is no ranking
+                (out / f).unlink(missing_ok=True)
+        say(f"mining: exit {mined['mine']}" + (", stopped at the deadline" if late else ""))
     report["done_s"] = elapsed()
     (out / "run.json").write_text(json.dumps(report, indent=2) + "\n")
     say(f"done at {elapsed()} s")
