@@ -492,6 +492,18 @@ def _citation_model(r: dict) -> str:
     return "squad-a1" if _is_squad_a1(r) else "zero-shot" if "zero-shot" in str(r["model"]) else str(r["model"])
 
 
+CITATION_SETS = ("expertqa-rand_val", "expertqa-domain_val", "wice-dev")
+
+
+def _citation_value(cites: List[dict], model: str, dataset: str, method: str = "propositions") -> float | None:
+    """Citation F1 (first label group) of ``method`` for ``model`` on ``dataset``, the latest run."""
+    found = [r for r in cites if _citation_model(r) == model and r["dataset"] == dataset and method in r["methods"]]
+    if not found:
+        return None
+    methods = found[-1]["methods"]
+    return methods[method][next(iter(methods[DEFAULT_CITATION[0]]))]["f1"]
+
+
 def _citation_f1(cites: List[dict], models: Sequence[str]) -> List[str]:
     """Citation F1 (first label group: ExpertQA complete+missing, WiCE dev) of ``models`` side by side,
     on the datasets every one of them ran; a model with no citation row at all is left out (its rows are not
@@ -500,8 +512,7 @@ def _citation_f1(cites: List[dict], models: Sequence[str]) -> List[str]:
     models = [m for m in models if any(key[0] == m for key in by)]
     if len(models) < 2:  # one model alone compares with nothing
         return []
-    cite_sets = [d for d in ("expertqa-rand_val", "expertqa-domain_val", "wice-dev")
-                 if all((m, d) in by for m in models)]
+    cite_sets = [d for d in CITATION_SETS if all((m, d) in by for m in models)]
     if not cite_sets:
         return []
     out = ["", "Citation F1 (ExpertQA complete+missing, WiCE dev) of PropCite and its margin variants; margins "
@@ -666,6 +677,10 @@ def render_scaled(grouped: Dict[str, List[dict]]) -> str | None:
         out += ["", f"| out of domain: `{cand}` − zero-shot (each ≥ −1) | points |", "|---|---:|"]
         for col, key, name in SCALED_OOD:
             out.append(f"| {name} | {_gap(value(cand, col, key), value('zero-shot', col, key), -1)} |")
+        for dataset in CITATION_SETS:  # PropCite as `agrame cite` runs it (no margin, no lexical prior)
+            f1 = [_citation_value(grouped.get("citation", []), m, dataset) for m in (cand, "zero-shot")]
+            if f1[0] is not None:
+                out.append(f"| citation F1, PropCite, {dataset} | {_gap(f1[0], f1[1], -1)} |")
     out += _citation_f1(grouped.get("citation", []), ("zero-shot", *measured))  # one table, candidates side by side
     used = [r for r in cells.values() if r is not None]
     out += ["", _provenance(used)]

@@ -130,6 +130,12 @@ def test_scaled_section_checks_issue_13s_targets():
     assert "| model | expertqa-rand_val propositions | expertqa-rand_val propositions+margin |" in text
     assert "| zero-shot | 40.0 | 41.0 | 42.0 |" in text and "| big-agrame | 42.0 | 43.0 | 44.0 |" in text
     assert "wice-dev propositions" not in text
+    # the out-of-domain targets carry PropCite's citation F1 as `agrame cite` runs it (no margin)
+    assert "| citation F1, PropCite, expertqa-rand_val | +2.0 (met) |" in text
+    assert "citation F1, PropCite, wice-dev" not in text  # the candidate did not run it
+    grouped["citation"].append(cite("wice-dev", "big", "big-agrame", 28.5))
+    assert "| citation F1, PropCite, wice-dev | -1.5 (missed) |" in render_scaled(grouped)
+    grouped["citation"].pop()
     # a second candidate measured on the suite but not yet on the citation sets hides no one's rows
     grouped["open_domain"].append(run("open_domain", "squad-dev", "big-agrame-distill", 78.0, 71.0))
     text = render_scaled(grouped)
