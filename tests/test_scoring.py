@@ -177,3 +177,30 @@ def test_nested_segment_maxsim_equals_two_segment_maxsims_bit_for_bit(sim_g, num
     for p in range(num_groups):
         if not (token_groups == p).any() and (query_mask is None or query_mask.any()):
             assert grp[p] == NEG
+
+
+@given(st.integers(1, 4), st.integers(1, 5), st.integers(1, 7), st.integers(1, 6), st.integers(1, 4),
+       st.integers(0, 2**31 - 1))
+@settings(max_examples=100, deadline=None)
+def test_padded_maxsim_matches_a_naive_loop(b, lq, n, w, chunk, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, docs = torch.randn(b, lq, 3, generator=g), torch.randn(n, w, 3, generator=g)
+    q_mask, doc_mask = torch.rand(b, lq, generator=g) > 0.3, torch.rand(n, w, generator=g) > 0.3
+    doc_mask[:, 0] = True  # a document has a token
+    got = scoring.padded_maxsim(q, q_mask, docs, doc_mask, docs_per_chunk=chunk)
+    for i in range(b):
+        for j in range(n):
+            expected = sum(max(float(q[i, t] @ docs[j, u]) for u in range(w) if doc_mask[j, u])
+                           for t in range(lq) if q_mask[i, t])
+            assert math.isclose(float(got[i, j]), expected, rel_tol=1e-5, abs_tol=1e-5)
+
+
+def test_padded_maxsim_keeps_every_tensor_on_its_device():
+    # the exact mining scan runs it on a GPU: no tensor of its own may be made on the CPU
+    from test_training_scale import OneDeviceMode
+
+    q, docs = torch.zeros(2, 3, 4, device="meta"), torch.zeros(5, 6, 4, device="meta")
+    with OneDeviceMode():
+        out = scoring.padded_maxsim(q, torch.ones(2, 3, dtype=torch.bool, device="meta"), docs,
+                                    torch.ones(5, 6, dtype=torch.bool, device="meta"), docs_per_chunk=2)
+    assert out.shape == (2, 5) and out.device.type == "meta"

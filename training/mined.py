@@ -144,27 +144,17 @@ def exact_rankings(model, records: Sequence[dict], depth: int = 30, device: str 
             vectors[k, :len(e.vectors)] = e.vectors.to(device)
             mask[k, :len(e.vectors)] = True
         del encoded
-        flat_mask = mask.reshape(-1)
         for lo in range(0, len(records), questions_per_batch):
             part = records[lo:lo + questions_per_batch]
-            # one forward pass for the batch's questions (one at a time, 24k of them were launch-bound)
+            # one forward pass for the batch's questions (it was one per question)
             qs = [q for q, _ in ranker.encode_query_batch([r["question"] for r in part], "passage", len(part))]
             q = torch.zeros(len(qs), max(len(x) for x in qs), dim, device=device, dtype=vectors.dtype)
             q_mask = torch.zeros(q.shape[:2], dtype=torch.bool, device=device)
             for k, x in enumerate(qs):
                 q[k, :len(x)] = x.to(device=device, dtype=vectors.dtype)
                 q_mask[k, :len(x)] = True
-            scores = []
-            for c in range(0, len(pids), passages_per_chunk):
-                n = min(passages_per_chunk, len(pids) - c)
-                # one GEMM [B·Lq, d] × [n·W, d]ᵀ: a broadcast batched matmul of [B, 1, Lq, d] and
-                # [1, n, W, d] copies the passages' vectors once per question first
-                sim = scoring.similarity(q.reshape(-1, dim), vectors[c:c + n].reshape(-1, dim))
-                sim = sim.view(len(qs), q.shape[1], n, width).permute(0, 2, 1, 3)  # [B, n, Lq, W]
-                scores.append(scoring.maxsim(sim, flat_mask[c * width:(c + n) * width].view(1, n, width),
-                                             q_mask[:, None]))
-            order = torch.sort(torch.cat(scores, dim=1).float(), dim=1, descending=True,
-                               stable=True).indices[:, :depth].cpu()
+            scores = scoring.padded_maxsim(q, q_mask, vectors, mask, passages_per_chunk)
+            order = torch.sort(scores.float(), dim=1, descending=True, stable=True).indices[:, :depth].cpu()
             for r, row in zip(part, order.tolist()):
                 yield r["qid"], [pids[i] for i in row]
 
