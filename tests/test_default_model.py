@@ -47,11 +47,14 @@ def test_default_is_zero_shot_until_a_trained_model_ships_and_named_models_load_
         assert default.source == "default:agrame-minilm"
     else:
         assert default.fingerprint() == zero_shot.fingerprint()
-    assert {"squad-a1", "zero-shot-128", "gpu2100-agrame"} <= set(named_models())
+    assert {"squad-a1", "zero-shot-128", "gpu2100-agrame", "gpu2100-agrame128"} <= set(named_models())
     gpu = load_encoder("gpu2100-agrame")  # rebuilt on MiniLM; a fingerprint mismatch raises
     # the fingerprint its full-protocol rows in benchmarks/results were measured with (tag gpu-agrame)
     assert gpu.fingerprint()[:12] == "a23430e88708" and gpu.dim == 384 and gpu.projection is None
     assert gpu.settings.markers["Q'"] == "[unused2]" and gpu.settings.markers["Q"] is None
+    gpu128 = load_encoder("gpu2100-agrame128")  # its rows' fingerprint (tag gpu-agrame128)
+    assert gpu128.fingerprint()[:12] == "0e18edd78ade" and gpu128.dim == 128
+    assert gpu128.settings.markers["Q'"] == "[unused2]" and gpu128.settings.alpha == 1.5
     a1 = load_encoder("squad-a1")  # a fingerprint mismatch raises
     assert a1.dim == 128 and a1.settings.markers["Q"] == "[unused0]"
     compact = load_encoder("zero-shot-128")
