@@ -651,9 +651,15 @@ def render_scaled(grouped: Dict[str, List[dict]]) -> str | None:
            "DPR NQ / TriviaQA development questions); `training/scale_eval.sh` measures them. Full "
            "protocol: open-domain sets re-rank BM25's top 100; SciFact dev and the atomic facts whole. Passage P@1 / "
            "sentence P@1 in % (sentence / proposition P@1 for the atomic facts):", "", *_suite_head(SCALED_DATASETS)]
+    # e5-small's single vectors (issue 30's rows) beside them: the issue's table has the strongest single-vector
+    # model reachable here
+    e5 = [_e5_cell(grouped, b, d, "single-vector", "e5-small") for b, d, *_ in SCALED_DATASETS]
     for tag, name in SCALED_ROWS:
         values = [_unit_pair(cells[(tag, col)], unit, sub) for col, (_, _, unit, sub, _) in enumerate(SCALED_DATASETS)]
         out.append(f"| {name} | " + " | ".join(values) + " |")
+        if tag == "zero-shot" and any(e5):
+            out.append("| e5-small single vectors (sentences encoded alone) | " + " | ".join(
+                _unit_pair(r, unit, sub) for r, (_, _, unit, sub, _) in zip(e5, SCALED_DATASETS)) + " |")
 
     def value(tag: str, col: int, key: str):
         r, z = cells[(tag, col)], cells[("zero-shot", col)]

@@ -116,6 +116,12 @@ def test_scaled_section_checks_issue_13s_targets():
     assert "| passage P@1 − passage loss only (≥ −1) | -1.5 (missed) | – |" in text
     assert "| atomic-facts proposition P@1 | -0.9 (met) |" in text
     assert "| SciFact sentence P@1 | – |" in text
+    assert "e5-small single vectors" not in text  # not measured: no row
+    e5 = run("open_domain", "nq-oracle", "e5-small", 69.4, 42.5, model="e5-small")
+    e5["method"] = "single-vector"
+    grouped["open_domain"].append(e5)
+    assert "| e5-small single vectors (sentences encoded alone) | – | 69.4 / 42.5 | – | – | – |" in render_scaled(grouped)
+    grouped["open_domain"].pop()
     assert "Citation F1" not in text  # the candidate's citation rows are not in yet
 
     def cite(dataset, model, tag, f1):
