@@ -479,6 +479,22 @@ def test_multivector_teacher_scores_are_the_students_own(encoder, tmp_path):
                     assert value == pytest.approx(float(sentence[b, p, j]), abs=1e-3)
 
 
+def test_records_scored_in_a_batch_score_as_one_at_a_time(encoder):
+    # the teacher encodes several records' passages and questions together (a GPU's few, larger passes)
+    from agrame.ranker import Ranker
+    from training.choose_mix import batch_record_scores, record_scores
+
+    ranker = Ranker(encoder)
+    batch = [record("why do reefs bleach", [0, 1, 2]), record("who built the tower in 1889", [2, 3]),
+             record("corals and their algae", [1])]
+    with torch.no_grad():
+        together = list(batch_record_scores(ranker, batch, passages_per_pass=4))
+        for r, got in zip(batch, together):
+            alone = record_scores(ranker, r)
+            for a, b in zip(got, alone):
+                assert a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=1e-5, equal_nan=True)
+
+
 def test_choose_mix_reuses_a_reference_row_measured_on_the_same_sets(tiny_model_dir, tmp_path, monkeypatch):
     from training import choose_mix
     from training.choose_mix import main, reusable_rows

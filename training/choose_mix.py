@@ -53,21 +53,38 @@ def load_model(spec: str) -> Encoder:
     return load_encoder(None if spec == "default" else spec)
 
 
-def record_scores(ranker: Ranker, record: dict) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def record_scores(ranker: Ranker, record: dict, encoded: Optional[Sequence] = None,
+                  query: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A record's passage scores ``[P]``, the scores of all their sentences ``[S]`` (the record's own
     sentences, in passage order) and each sentence's passage ``[S]``: MaxSim of the ``[Q]`` query
-    and of the sentence query (``[Q']``), as ``agrame rank`` scores them."""
+    and of the sentence query (``[Q']``), as ``agrame rank`` scores them. ``encoded`` (its passages)
+    and ``query`` (``Ranker.encode_query(…, "sentence")``) may come from a batch of records."""
     encoder = ranker.encoder
     items = as_passages([(str(k), p["text"]) for k, p in enumerate(record["passages"])])
-    encoded = encoder.encode_passages([p.text for p in items], batch_size=ranker.batch_size)
+    if encoded is None:
+        encoded = encoder.encode_passages([p.text for p in items], batch_size=ranker.batch_size)
     # The record's own sentences (SciFact's are the dataset's), so the gold passage's answer
     # sentences are the first global sentence indices.
-    corpus = EncodedCorpus.build(items, encoded, sentences=[p["sentences"] for p in record["passages"]])
-    q, s = ranker.encode_query(record["question"], "sentence")
+    corpus = EncodedCorpus.build(items, list(encoded), sentences=[p["sentences"] for p in record["passages"]])
+    q, s = query if query is not None else ranker.encode_query(record["question"], "sentence")
     passage = scoring.segment_maxsim(scoring.similarity(q, corpus.vectors.float()), corpus.token_passage, len(corpus))
     sentence = scoring.segment_maxsim(scoring.similarity(s, corpus.vectors.float()), corpus.token_sentence,
                                       int(corpus.sentences.shape[0]))
     return passage, sentence, corpus.sentence_passage
+
+
+def batch_record_scores(ranker: Ranker, records: Sequence[dict], passages_per_pass: int = 64):
+    """:func:`record_scores` of each record, the passages of all ``records`` encoded together
+    (``passages_per_pass`` a forward pass) and their questions in one batch: on a GPU, one record at
+    a time is a few small forward passes (the first device call's teacher stage ran out its time)."""
+    encoded = ranker.encoder.encode_passages([p["text"] for r in records for p in r["passages"]],
+                                             batch_size=passages_per_pass)
+    queries = ranker.encode_query_batch([r["question"] for r in records], "sentence", batch_size=len(records))
+    first = 0
+    for r, query in zip(records, queries):
+        n = len(r["passages"])
+        yield record_scores(ranker, r, encoded[first:first + n], query)
+        first += n
 
 
 def evaluate(encoder: Encoder, records: Sequence[dict], grid: Sequence[float] = GRID) -> dict:

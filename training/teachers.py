@@ -244,31 +244,36 @@ def evaluate(model: Optional[CrossEncoder], limit: int, seed: int, depth: int, s
     return out
 
 
-def multivector_scored(model: str, records: Sequence[dict], device: str = "cpu"):
+def multivector_scored(model: str, records: Sequence[dict], device: str = "cpu", records_per_batch: int = 16):
     """Each record with ``teacher`` (passage MaxSim) and ``teacher_sentences`` (each sentence's
     MaxSim with the sentence query) from ``model``, as ``agrame rank`` scores them. The raw sums
-    are the logits: a student that starts from this model then starts at zero passage loss."""
+    are the logits: a student that starts from this model then starts at zero passage loss.
+    ``records_per_batch`` records' passages and questions are encoded together (see
+    ``choose_mix.batch_record_scores``)."""
     from tqdm import tqdm
 
     from agrame.ranker import Ranker
 
-    from .choose_mix import load_model, record_scores
+    from .choose_mix import batch_record_scores, load_model
 
     ranker = Ranker(load_model(model).to(device))
-    with torch.inference_mode():
-        for r in tqdm(records, desc=f"{model} scores", disable=None):
-            passage, sentence, _ = record_scores(ranker, r)
-            # A sentence with no scored token has no score: 0, and the student masks it anyway.
-            sentence = torch.nan_to_num(sentence, nan=0.0, posinf=0.0, neginf=0.0)
-            first = 0
-            for p, score in zip(r["passages"], passage.tolist()):
-                n = len(p["sentences"])
-                p["teacher"] = round(score, 4)
-                p["teacher_sentences"] = [round(x, 4) for x in sentence[first:first + n].tolist()]
-                first += n
-            if first != len(sentence):
-                raise ValueError(f"record {r.get('qid')}: {len(sentence)} sentence scores for {first} sentences")
-            yield r
+    records = list(records)
+    with torch.inference_mode(), tqdm(total=len(records), desc=f"{model} scores", disable=None) as bar:
+        for lo in range(0, len(records), records_per_batch):
+            chunk = records[lo:lo + records_per_batch]
+            for r, (passage, sentence, _) in zip(chunk, batch_record_scores(ranker, chunk)):
+                # A sentence with no scored token has no score: 0, and the student masks it anyway.
+                sentence = torch.nan_to_num(sentence, nan=0.0, posinf=0.0, neginf=0.0)
+                first = 0
+                for p, score in zip(r["passages"], passage.tolist()):
+                    n = len(p["sentences"])
+                    p["teacher"] = round(score, 4)
+                    p["teacher_sentences"] = [round(x, 4) for x in sentence[first:first + n].tolist()]
+                    first += n
+                if first != len(sentence):
+                    raise ValueError(f"record {r.get('qid')}: {len(sentence)} sentence scores for {first} sentences")
+                yield r
+            bar.update(len(chunk))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
