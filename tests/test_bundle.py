@@ -117,6 +117,29 @@ def test_pack_run_unpack_equals_a_model_trained_here(tmp_path, tiny_base):
         assert "done at step 3" in (tmp_path / "models" / name / "train.log").read_text()
 
 
+def test_a_mine_only_call_brings_the_ranking_back_alone(tmp_path, tiny_base):
+    # the next device session's first call: the scan alone, so that the mined negatives are made here
+    # before the bundle the second call trains from is packed
+    train, distill = _records(tmp_path)
+    packed = tmp_path / "bundle"
+    bundle.pack(packed, train=[str(train)], distill=[str(distill)], models=["agrame"], precision="float32",
+                wheels="none", extra_args=TINY_ARGS, mine=("train.jsonl", "zero-shot"), say=lambda *_: None)
+    out, work = tmp_path / "OUT", tmp_path / "work"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "AGRAME_MINILM")}
+    done = subprocess.run(["bash", str(packed / "run.sh"), "--out", str(out), "--work", str(work), "--device", "cpu",
+                           "--threads", "1", "--mine-only"], cwd=tmp_path, env={**env, "PYTHON": sys.executable},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert sorted(f.name for f in out.iterdir()) == ["run.json", "squad-ranking.jsonl"]  # no teacher, no students
+    assert not (work / "data" / "distill-scored.jsonl").exists()
+    assert bundle.unpack(out, tmp_path / "models", say=lambda *_: None) == {}
+    ranked = (tmp_path / "models" / "squad-ranking.jsonl").read_text().splitlines()
+    assert [json.loads(x)["qid"] for x in ranked] == [f"q{k}" for k in range(8)]
+    (out / "squad-ranking.jsonl").unlink()
+    with pytest.raises(BundleError, match="no student files"):
+        bundle.unpack(out, tmp_path / "none", say=lambda *_: None)
+
+
 def test_a_float16_result_is_close_and_unpack_refuses_another_base(tmp_path, tiny_base, make_tiny_encoder,
                                                                     monkeypatch):
     train, _ = _records(tmp_path)

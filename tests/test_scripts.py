@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 
 def dry_run(script: str, runs: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     knobs = ("START", "DIM", "ONLY", "STEPS", "DEVICE", "DISTILL", "DISTILL_COPIES", "M", "RESULTS", "GUARDS", "MIXES",
-             "QUERY_MARKER", "MINED", "STUDENTS")
+             "QUERY_MARKER", "MINED", "STUDENTS", "RANKING")
     environ = {k: v for k, v in os.environ.items() if k not in knobs}
     environ.update(RUN="echo", AGRAME_RUNS=str(runs), **env)
     return subprocess.run(["bash", str(ROOT / "training" / script), *args], env=environ, capture_output=True,
@@ -69,6 +69,14 @@ def test_scale_only_data_stops_before_any_student(tmp_path):
     assert len(lines_with(result.stdout, "training.mined distill")) == 3
     assert len(lines_with(result.stdout, "training.teachers")) == 5
     assert not lines_with(result.stdout, "training.student") and not lines_with(result.stdout, "choose_mix")
+
+
+def test_scale_mines_from_a_ranking_made_on_the_gpu(tmp_path):
+    ranked = dry_run("scale.sh", tmp_path, ONLY="data", RANKING="/r/squad-ranking.jsonl")
+    (squad,) = lines_with(ranked.stdout, "training.mined squad")
+    assert "--mined 4 --ranking /r/squad-ranking.jsonl" in squad and "--index" not in squad
+    (indexed,) = lines_with(dry_run("scale.sh", tmp_path, ONLY="data").stdout, "training.mined squad")
+    assert "--mine-model zero-shot-128 --index" in indexed and "--ranking" not in indexed
 
 
 def test_scale_skips_finished_stages(tmp_path):

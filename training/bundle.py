@@ -520,8 +520,11 @@ def _side_by_side(commands: Dict[str, List[str]], logs: Path, env: dict,
 
 def run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: float = 540.0,
         steps: Optional[int] = None, calibration_steps: int = 40, models: Optional[Sequence[str]] = None,
-        threads: Optional[int] = None, say=print) -> dict:
-    """Everything the device machine does, in ``budget`` seconds (the teacher, calibration and training)."""
+        threads: Optional[int] = None, mine_only: bool = False, say=print) -> dict:
+    """Everything the device machine does, in ``budget`` seconds (the teacher, calibration and training).
+
+    ``mine_only``: the mining scan alone — a short first call whose ranking makes the recipe's mined
+    negatives here (``training.mined squad --ranking``) for a bundle the second call trains from."""
     t0 = time.time()
     elapsed = lambda: round(time.time() - t0, 1)  # noqa: E731
     out.mkdir(parents=True, exist_ok=True)
@@ -549,6 +552,17 @@ def run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: fl
         scoring["mine"] = ["-m", "training.mined", "exact-rank", "--model", str(work / "starts" / mine["model"]),
                            "--records", str(work / "data" / mine["records"]), "--out", str(out / "squad-ranking.jsonl"),
                            "--device", device]
+    if mine_only:
+        if "mine" not in scoring:
+            raise BundleError("--mine-only: the bundle has no mining scan (pack it with --mine RECORDS MODEL)")
+        codes = _side_by_side({"mine": scoring["mine"]}, work / "logs" / "mine", env, deadline=t0 + budget)
+        log = (work / "logs" / "mine" / "mine.log").read_text()[-1000:]
+        report.update(mining={"exit": codes["mine"], "stopped_at_deadline": False, "log": log}, done_s=elapsed())
+        (out / "run.json").write_text(json.dumps(report, indent=2) + "\n")
+        if codes["mine"]:
+            raise BundleError(f"the mining scan failed (exit {codes['mine']}): {log[-300:]}")
+        say(f"mined at {elapsed()} s")
+        return report
     # The mining scan starts beside the teacher but is waited for only at the end: the students need
     # the teacher's scores, not the ranking, and it shares the device with their steps.
     teacher_env = dict(env)
@@ -675,15 +689,16 @@ def unpack(result: Path, out: Path, *, export: bool = True, say=print) -> Dict[s
     from agrame.encoder import ZERO_SHOT, Encoder, EncoderSettings, load_encoder
 
     firsts = sorted(result.glob("*-0.safetensors"))
-    if not firsts:
-        raise BundleError(f"{result}: no student files (NAME-0.safetensors)")
-    local = load_encoder(ZERO_SHOT)
-    done = {}
-    if (result / "squad-ranking.jsonl").exists():
+    ranking = result / "squad-ranking.jsonl"
+    if not firsts and not ranking.exists():
+        raise BundleError(f"{result}: no student files (NAME-0.safetensors) and no mined ranking")
+    done: Dict[str, Path] = {}
+    if ranking.exists():  # (a --mine-only call brings back the ranking alone)
         out.mkdir(parents=True, exist_ok=True)
-        shutil.copy(result / "squad-ranking.jsonl", out / "squad-ranking.jsonl")
+        shutil.copy(ranking, out / "squad-ranking.jsonl")
         say(f"mined rankings: {out / 'squad-ranking.jsonl'} (python -m training.mined squad --ranking FILE "
             "--mined 4 … makes the recipe's 4 mined + 3 BM25 negatives from them)")
+    local = load_encoder(ZERO_SHOT) if firsts else None
     for first in firsts:
         with safetensors.safe_open(str(first), "pt") as f:
             meta = f.metadata() or {}
@@ -768,6 +783,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     r.add_argument("--calibration-steps", type=int, default=40)
     r.add_argument("--models", nargs="+", default=None)
     r.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of each process")
+    r.add_argument("--mine-only", action="store_true",
+                   help="the mining scan alone (a first call; its ranking makes the mined negatives here)")
     u = sub.add_parser("unpack", help="rebuild and export the students of a result folder (here)")
     u.add_argument("result", type=Path)
     u.add_argument("--out", type=Path, required=True)
@@ -787,7 +804,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                  mine=None if mine == ("none", "none") else mine)
         elif args.command == "run":
             run(args.bundle, args.out, args.work, device=args.device, budget=args.budget, steps=args.steps,
-                calibration_steps=args.calibration_steps, models=args.models, threads=args.threads)
+                calibration_steps=args.calibration_steps, models=args.models, threads=args.threads,
+                mine_only=args.mine_only)
         else:
             unpack(args.result, args.out, export=not args.no_export)
     except BundleError as exc:

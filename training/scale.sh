@@ -61,8 +61,13 @@ RUN=${RUN:-}
 $RUN mkdir -p "$R" "$M"
 # MINED=0: the SQuAD negatives all BM25's, no index of the train paragraphs (how the GPU students of
 # ../shared/models were trained: the CPU index search did not fit that run's time).
+# RANKING=FILE: the model's side of the mined negatives from a ranking made elsewhere (the GPU's exact scan:
+# training.bundle run --mine-only, then unpack), instead of the CPU index search.
 MINED=${MINED:-4}
-if [ "$MINED" = 0 ]; then mine=(--mined 0 --mine-model none); else mine=(--mined "$MINED" --mine-model zero-shot-128 --index "$R/train-index"); fi
+RANKING=${RANKING:-}
+if [ "$MINED" = 0 ]; then mine=(--mined 0 --mine-model none)
+elif [ -n "$RANKING" ]; then mine=(--mined "$MINED" --ranking "$RANKING")
+else mine=(--mined "$MINED" --mine-model zero-shot-128 --index "$R/train-index"); fi
 [ -s "$R/squad.jsonl" ] || $RUN python -m training.mined squad --out "$R/squad.jsonl" --heldout "$R/squad-heldout.jsonl" \
     --negatives 7 "${mine[@]}" --limit "$MINED_LIMIT"
 [ -s "$R/scifact.jsonl" ] || $RUN python -m training.mined scifact --out "$R/scifact.jsonl" --heldout "$R/scifact-heldout.jsonl" \
