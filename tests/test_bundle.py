@@ -302,6 +302,23 @@ def test_a_stage_past_its_deadline_is_stopped_and_named(tmp_path):
     assert codes == {"quick": 0} and late == []
 
 
+def test_a_failed_run_leaves_no_process_and_no_partial_ranking(tmp_path, monkeypatch):
+    # the mining scan runs beside the stages: when one fails, run() stops it and drops its partial file
+    out = tmp_path / "OUT"
+    out.mkdir()
+    started = {}
+
+    def failing(bundle_, out_, work, **kwargs):
+        started["p"] = bundle._start({"mine": ["-c", "import time; time.sleep(60)"]}, work / "logs", dict(os.environ))
+        (out_ / "squad-ranking.jsonl.partial").write_text("{}\n")
+        raise BundleError("teacher scoring failed")
+
+    monkeypatch.setattr(bundle, "_run", failing)
+    with pytest.raises(BundleError):
+        bundle.run(tmp_path / "b", out, tmp_path / "work")
+    assert started["p"]["mine"].poll() is not None and not list(out.iterdir())
+
+
 def test_each_process_side_by_side_gets_its_share_of_the_cores(tmp_path):
     show = ["-c", "import os; print(os.environ['OMP_NUM_THREADS'])"]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}

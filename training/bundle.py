@@ -493,7 +493,12 @@ def _start(commands: Dict[str, List[str]], logs: Path, env: dict) -> Dict[str, s
     for name, argv in commands.items():
         with open(logs / f"{name}.log", "w") as log:
             procs[name] = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, env=env)
+    _CHILDREN.extend(procs.values())
     return procs
+
+
+#: every process run() started: one a stage's failure leaves running is stopped when run() ends
+_CHILDREN: List[subprocess.Popen] = []
 
 
 def _wait(procs: Dict[str, subprocess.Popen], deadline: Optional[float] = None) -> Tuple[Dict[str, int], List[str]]:
@@ -518,9 +523,24 @@ def _side_by_side(commands: Dict[str, List[str]], logs: Path, env: dict,
     return codes
 
 
-def run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: float = 540.0,
-        steps: Optional[int] = None, calibration_steps: int = 40, models: Optional[Sequence[str]] = None,
-        threads: Optional[int] = None, mine_only: bool = False, say=print) -> dict:
+def run(bundle: Path, out: Path, work: Path, **kwargs) -> dict:
+    """:func:`_run`, and then no process of it left running nor a partial ranking left in ``out`` (the
+    mining scan runs beside the stages, so a stage's error would otherwise leave it writing there)."""
+    try:
+        return _run(bundle, out, work, **kwargs)
+    finally:
+        for p in _CHILDREN:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        _CHILDREN.clear()
+        for partial in out.glob("*.partial"):
+            partial.unlink()
+
+
+def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: float = 540.0,
+         steps: Optional[int] = None, calibration_steps: int = 40, models: Optional[Sequence[str]] = None,
+         threads: Optional[int] = None, mine_only: bool = False, say=print) -> dict:
     """Everything the device machine does, in ``budget`` seconds (the teacher, calibration and training).
 
     ``mine_only``: the mining scan alone — a short first call whose ranking makes the recipe's mined
