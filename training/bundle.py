@@ -3,6 +3,7 @@
     python -m training.bundle pack .bundle --runs runs/big      # here: code, θ₀, records, wheels ≤ 64 MiB
     # on a lent GPU machine (no network; the folder travels with the work tree, `carry: [".bundle"]`):
     bash .bundle/run.sh --out "$OUT" --budget 540              # teacher, calibration, 3 students side by side
+    bash .bundle/run.sh --out "$OUT" --mine-only --budget 240  # or first the mining scan alone (README)
     python -m training.bundle unpack RESULT --out runs/gpu     # here: θ₁ = θ₀ + Δ on the true weights, exported
 
 What travels (``pack``; refused, with the sizes named, before anything is written when it exceeds
