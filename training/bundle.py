@@ -603,7 +603,7 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
         cal = work / "cal"
         codes = _side_by_side({m: ["-m", "training.student", *_student_args(manifest, m, work, data, device),
                                    "--steps", str(calibration_steps), "--out", str(cal / m)] for m in models},
-                              work / "logs" / "cal", env)
+                              work / "logs" / "cal", env, deadline=t0 + budget * 0.75)
         if any(codes.values()):
             raise BundleError(f"calibration failed: {codes} (logs in {work / 'logs' / 'cal'})")
         per_step = max(seconds_per_step(cal / m / "train.log") for m in models)
