@@ -482,6 +482,11 @@ def _student_args(manifest: dict, model: str, work: Path, data: List[str], devic
             + ["--device", device, "--data", *data])
 
 
+def _cores_each(processes: int) -> str:
+    """``OMP_NUM_THREADS`` for each of ``processes`` side by side: the machine's cores shared."""
+    return str(max(1, (os.cpu_count() or 1) // max(1, processes)))
+
+
 def _start(commands: Dict[str, List[str]], logs: Path, env: dict) -> Dict[str, subprocess.Popen]:
     """Each command as its own process, ``OMP_NUM_THREADS`` = the machine's cores shared among them
     unless the caller fixed it. The first device call left it unset: four processes of 16 threads on
@@ -489,7 +494,7 @@ def _start(commands: Dict[str, List[str]], logs: Path, env: dict) -> Dict[str, s
     took 52 s; a later call with 4 threads each scored 300 records a process in 27 s)."""
     logs.mkdir(parents=True, exist_ok=True)
     env = dict(env)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, len(commands)))))
+    env.setdefault("OMP_NUM_THREADS", _cores_each(len(commands)))
     procs = {}
     for name, argv in commands.items():
         with open(logs / f"{name}.log", "w") as log:
@@ -587,7 +592,7 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
     # The mining scan starts beside the teacher but is waited for only at the end: the students need
     # the teacher's scores, not the ranking, and it shares the device with their steps.
     teacher_env = dict(env)
-    teacher_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, len(scoring)))))
+    teacher_env.setdefault("OMP_NUM_THREADS", _cores_each(len(scoring)))
     mining = _start({"mine": scoring.pop("mine")}, work / "logs" / "mine", teacher_env) if mine else {}
     progress = lambda stage: (out / "run.json").write_text(  # noqa: E731  (a call cut short still reports)
         json.dumps({**report, "stage": stage, "at_s": elapsed()}, indent=2) + "\n")
@@ -635,8 +640,7 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
         log = (work / "logs" / "mine" / "mine.log").read_text()[-1000:]
         report["mining"] = {"exit": mined["mine"], "stopped_at_deadline": bool(late), "log": log}
         if mined["mine"] or late:
-            for f in ("squad-ranking.jsonl", "squad-ranking.jsonl.partial"):  # a partial ranking is no ranking
-                (out / f).unlink(missing_ok=True)
+            (out / "squad-ranking.jsonl").unlink(missing_ok=True)  # (its .partial goes in run())
         say(f"mining: exit {mined['mine']}" + (", stopped at the deadline" if late else ""))
     report["done_s"] = elapsed()
     (out / "run.json").write_text(json.dumps(report, indent=2) + "\n")
