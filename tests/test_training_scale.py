@@ -487,8 +487,15 @@ def test_records_scored_in_a_batch_score_as_one_at_a_time(encoder):
     ranker = Ranker(encoder)
     batch = [record("why do reefs bleach", [0, 1, 2]), record("who built the tower in 1889", [2, 3]),
              record("corals and their algae", [1])]
+    encoded = []  # each distinct passage text encoded once (records of one corpus share passages)
+    encode = encoder.encode_passages
     with torch.no_grad():
-        together = list(batch_record_scores(ranker, batch, passages_per_pass=4))
+        encoder.encode_passages = lambda texts, **kw: encoded.extend(texts) or encode(texts, **kw)
+        try:
+            together = list(batch_record_scores(ranker, batch, passages_per_pass=4))
+        finally:
+            del encoder.encode_passages
+        assert sorted(encoded) == sorted({p["text"] for r in batch for p in r["passages"]})
         for r, got in zip(batch, together):
             alone = record_scores(ranker, r)
             for a, b in zip(got, alone):
