@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from training import bundle
 from training.bundle import BundleError
@@ -38,7 +40,7 @@ def tiny_base(tmp_path, make_tiny_encoder, monkeypatch):
 
 def _mined_record(k: int, question: str, order):
     r = record(question, order)
-    r["qid"] = f"q{k}"
+    r["qid"], r["answer"] = f"q{k}", "no such answer"  # (a mined negative is checked for the answer)
     for p, i in zip(r["passages"], order):
         p["pid"] = f"train-{i}"
     return r
@@ -74,13 +76,15 @@ def test_pack_run_unpack_equals_a_model_trained_here(tmp_path, tiny_base):
                            precision="float32", wheels="none", extra_args=TINY_ARGS, mine=("train.jsonl", "zero-shot"),
                            say=lambda *_: None)
     assert (packed / "run.sh").is_file() and (packed / "code" / "training" / "bundle.py").is_file()
+    assert (packed / "code" / "benchmarks" / "metrics.py").is_file()  # (the remix's answer check)
     assert not (packed / "code" / "agrame" / "models").exists() and manifest["sizes"]["wheels"] == 0
     # the device machine: a bare folder, the bundle's own code, the CPU as the device
     out, work = tmp_path / "OUT", tmp_path / "work"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "AGRAME_MINILM")}
+    # one call: the scan beside the teacher, then 1 of each question's 2 negatives from its ranking
     done = subprocess.run(["bash", str(packed / "run.sh"), "--out", str(out), "--work", str(work), "--device", "cpu",
-                           "--steps", "3", "--threads", "1"], cwd=tmp_path, env={**env, "PYTHON": sys.executable},
-                          capture_output=True, text=True, timeout=600)
+                           "--steps", "3", "--threads", "1", "--mined", "1"], cwd=tmp_path,
+                          env={**env, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     report = json.loads((out / "run.json").read_text())
     assert set(report["students"]) == {"agrame", "colbert"} and report["steps"] == 3
@@ -93,7 +97,15 @@ def test_pack_run_unpack_equals_a_model_trained_here(tmp_path, tiny_base):
     assert [r["qid"] for r in rankings] == [f"q{k}" for k in range(8)]
     assert all(sorted(r["ranked"]) == [0, 1, 2, 3] for r in rankings)
     assert report["mining"]["exit"] == 0 and not report["mining"]["stopped_at_deadline"]
-    assert not list(out.glob("*.partial"))
+    assert report["mining"]["records"] == 8 and not list(out.glob("*.partial"))
+    # the students' records there are the packed ones remixed with that ranking, as here
+    from training.data import read, write_jsonl
+    from training.mined import read_ranking, remix_records
+
+    remixed = tmp_path / "train-mined1.jsonl"
+    write_jsonl(remix_records(read(train), read_ranking(tmp_path / "models" / "squad-ranking.jsonl"), 1), remixed)
+    assert read(remixed) == read(work / "data" / "train-mined1.jsonl")
+    assert read(remixed) != read(train)
     # here, with the same seed, data (the teacher's scores made here too) and recipe
     scored = tmp_path / "distill-scored.jsonl"
     local_env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -106,7 +118,7 @@ def test_pack_run_unpack_equals_a_model_trained_here(tmp_path, tiny_base):
     for name in ("agrame", "colbert"):
         start, args = bundle.MODELS[name]
         subprocess.run([sys.executable, "-m", "training.student", "--init-model", start, *args, *bundle.RECIPE,
-                        *TINY_ARGS, "--device", "cpu", "--data", f"{train}@2", f"{scored}@1", "--steps", "3",
+                        *TINY_ARGS, "--device", "cpu", "--data", f"{remixed}@2", f"{scored}@1", "--steps", "3",
                         "--out", str(tmp_path / "local" / name)], check=True, cwd=ROOT, env=local_env,
                        capture_output=True)
         here = load_encoder(str(tmp_path / "local" / name / "final"))
@@ -244,6 +256,41 @@ def test_state_encoding_round_trips_every_dtype():
     back = bundle.decode_state(bundle.encode_state(state))
     assert set(back) == set(state)
     assert all(back[k].dtype == v.dtype and torch.equal(back[k], v) for k, v in state.items())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_remixed_negatives_are_those_the_recipe_would_have_chosen(data):
+    # a record of BM25-only negatives, remixed with a ranking, is the record squad_records writes with it
+    from training.mined import choose_negatives, remix_records
+
+    n = data.draw(st.integers(4, 14), label="paragraphs")
+    answered = data.draw(st.lists(st.booleans(), min_size=n, max_size=n), label="has the answer")
+    texts = [f"paragraph {i}" + (" about zebras" if answered[i] else "") for i in range(n)]
+    gold = data.draw(st.integers(0, n - 1), label="gold")
+    bm25 = data.draw(st.permutations(range(n)), label="bm25")
+    model = data.draw(st.permutations(range(n)), label="model")[:data.draw(st.integers(0, n), label="depth")]
+    k = data.draw(st.integers(1, 5), label="negatives")
+    mined = data.draw(st.integers(0, 6), label="mined")
+    own = choose_negatives(gold, "zebras", [], bm25, texts, k, 0)
+    if own is None:
+        return
+
+    def passage(i, positive):
+        return {"pid": f"train-{i}", "text": texts[i], "sentences": [[0, len(texts[i])]], "positive": positive,
+                "answer_sentences": [0] if positive else [], "teacher": 3.0 if positive else 0.0,
+                "teacher_sentences": [3.0 if positive else 0.0]}
+
+    record = {"qid": "q", "question": "where do zebras live", "answer": "zebras",
+              "passages": [passage(gold, True)] + [passage(d, False) for d in own]}
+    every = {"qid": "all", "question": "x", "answer": "x", "passages": [passage(i, False) for i in range(n)]}
+    skipped = {"qid": "s", "question": "y", "answer": "y", "skipped": True}
+    got = list(remix_records([record, every, skipped], {"q": model, "s": model}, mined))
+    assert got[1] is every and got[2] is skipped  # (no ranking, no passages: kept)
+    want = choose_negatives(gold, "zebras", model, bm25, texts, k, mined)
+    assert [p["pid"] for p in got[0]["passages"]] == [f"train-{d}" for d in [gold] + want]
+    assert got[0]["passages"][0] is record["passages"][0] and all(
+        p["teacher"] == 0.0 and p["teacher_sentences"] == [0.0] and not p["positive"] for p in got[0]["passages"][1:])
 
 
 def test_the_exact_mining_scan_ranks_as_the_ranker_does(make_tiny_encoder):

@@ -2,8 +2,8 @@
 
     python -m training.bundle pack .bundle --runs runs/big      # here: code, θ₀, records, wheels ≤ 64 MiB
     # on a lent GPU machine (no network; the folder travels with the work tree, `carry: [".bundle"]`):
-    bash .bundle/run.sh --out "$OUT" --budget 540              # teacher, calibration, 3 students side by side
-    bash .bundle/run.sh --out "$OUT" --mine-only --budget 240  # or first the mining scan alone (README)
+    bash .bundle/run.sh --out "$OUT" --budget 540              # teacher and mining, calibration, 3 students
+    bash .bundle/run.sh --out "$OUT" --mine-only --budget 240  # or the mining scan alone (README)
     python -m training.bundle unpack RESULT --out runs/gpu     # here: θ₁ = θ₀ + Δ on the true weights, exported
 
 What travels (``pack``; refused, with the sizes named, before anything is written when it exceeds
@@ -15,7 +15,9 @@ wheels of transformers < 4.58, its tokenizers and huggingface-hub < 1.0 (the mac
 transformers 5, which finds no ``[unused0]`` marker row) — and ``bundle.json``, the recipe.
 
 What runs there (``run``, behind ``run.sh``): θ₀ rebuilt in float32 (``AGRAME_MINILM`` points every
-process at it), the distill records scored by the zero-shot teacher on the device, a short
+process at it), the distill records scored by the zero-shot teacher on the device beside the mining
+scan of the SQuAD records (exact MaxSim), whose ranking then gives each question 4 of its 7 negatives
+(``--mined``; the recipe's, the records as ``training.mined squad --ranking`` writes them), a short
 calibration of all students side by side, the step count that fits the time budget, the students
 trained side by side (``training/scale.sh``'s recipe: the candidate, its passage-only twin, the
 128-d candidate), and each one's change over θ₀ written to ``--out`` as files of at most 15 MiB:
@@ -154,7 +156,8 @@ def decode_state(data: bytes) -> Dict[str, torch.Tensor]:
 
 def _code_files() -> Dict[str, bytes]:
     """The packages a student needs (``agrame`` without its shipped models, ``training``), as files."""
-    out = {}
+    # (benchmarks' answer matching: training.mined's choice of clean negatives, when a run remixes them)
+    out = {f"benchmarks/{name}": (REPO / "benchmarks" / name).read_bytes() for name in ("__init__.py", "metrics.py")}
     for package in ("agrame", "training"):
         for path in sorted((REPO / package).rglob("*")):
             rel = path.relative_to(REPO)
@@ -546,11 +549,14 @@ def run(bundle: Path, out: Path, work: Path, **kwargs) -> dict:
 
 def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: float = 540.0,
          steps: Optional[int] = None, calibration_steps: int = 40, models: Optional[Sequence[str]] = None,
-         threads: Optional[int] = None, mine_only: bool = False, say=print) -> dict:
+         threads: Optional[int] = None, mine_only: bool = False, mined: int = 4, say=print) -> dict:
     """Everything the device machine does, in ``budget`` seconds (the teacher, calibration and training).
 
-    ``mine_only``: the mining scan alone — a short first call whose ranking makes the recipe's mined
-    negatives here (``training.mined squad --ranking``) for a bundle the second call trains from."""
+    ``mined``: with a mining scan in the bundle, the students train on its records with that many of each
+    question's negatives taken from the scan's ranking (the recipe's 4 mined + 3 BM25;
+    ``training.mined.remix_records``) — the scan is waited for at the teacher stage's deadline, and a
+    scan not done by then is stopped and the records are used as packed (the report says so). 0: as
+    packed, the ranking only brought back. ``mine_only``: the mining scan alone (a short call)."""
     t0 = time.time()
     elapsed = lambda: round(time.time() - t0, 1)  # noqa: E731
     out.mkdir(parents=True, exist_ok=True)
@@ -603,6 +609,11 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
         raise BundleError(f"teacher scoring failed: {codes} (logs in {work / 'logs' / 'teacher'})")
     report["teacher_s"] = elapsed()
     say(f"distill records scored at {elapsed()} s")
+    if mining and mined:  # the students' SQuAD negatives from the scan, if it is done in the teacher's share
+        data, report["mining"] = _remix(mining, mine, mined, data, work, out, deadline=t0 + budget * 0.5)
+        report["mining"]["at_s"] = elapsed()
+        mining = {}
+        say(f"mining: {report['mining']['records'] or 'none'} records remixed at {elapsed()} s")
     progress("calibration")
     if steps is None:
         cal = work / "cal"
@@ -646,6 +657,27 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
     (out / "run.json").write_text(json.dumps(report, indent=2) + "\n")
     say(f"done at {elapsed()} s")
     return report
+
+
+def _remix(mining: Dict[str, subprocess.Popen], mine: dict, mined: int, data: List[str], work: Path, out: Path,
+           deadline: float) -> Tuple[List[str], dict]:
+    """The mining scan waited for until ``deadline``; if it finished, ``data`` with the scanned records
+    replaced by their remix (``mined`` negatives from its ranking), and what happened."""
+    from .data import read, write_jsonl
+    from .mined import read_ranking, remix_records
+
+    codes, late = _wait(mining, deadline)
+    report = {"exit": codes["mine"], "stopped_at_deadline": bool(late), "mined": mined, "records": 0,
+              "log": (work / "logs" / "mine" / "mine.log").read_text()[-1000:]}
+    ranking = out / "squad-ranking.jsonl"
+    if codes["mine"] or late or not ranking.exists():
+        ranking.unlink(missing_ok=True)  # (a partial one goes in run())
+        return data, report
+    source = work / "data" / mine["records"]
+    remixed = source.with_name(f"{source.stem}-mined{mined}.jsonl")
+    report["records"] = write_jsonl(remix_records(read(source), read_ranking(ranking), mined), remixed)
+    return [f"{remixed}@{spec.rsplit('@', 1)[1]}" if spec.rsplit("@", 1)[0] == str(source) else spec
+            for spec in data], report
 
 
 def pack_student(run_dir: Path, base: Path, out: Path, name: str, manifest: dict) -> List[str]:
@@ -809,7 +841,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     r.add_argument("--models", nargs="+", default=None)
     r.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of each process")
     r.add_argument("--mine-only", action="store_true",
-                   help="the mining scan alone (a first call; its ranking makes the mined negatives here)")
+                   help="the mining scan alone (a short call; its ranking comes back)")
+    r.add_argument("--mined", type=int, default=4,
+                   help="with a mining scan: the students' negatives of its records taken from its ranking, this many "
+                        "a question (the recipe's 4 mined + 3 BM25) once it is done, in the same call; 0: as packed")
     u = sub.add_parser("unpack", help="rebuild and export the students of a result folder (here)")
     u.add_argument("result", type=Path)
     u.add_argument("--out", type=Path, required=True)
@@ -830,7 +865,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         elif args.command == "run":
             run(args.bundle, args.out, args.work, device=args.device, budget=args.budget, steps=args.steps,
                 calibration_steps=args.calibration_steps, models=args.models, threads=args.threads,
-                mine_only=args.mine_only)
+                mine_only=args.mine_only, mined=args.mined)
         else:
             unpack(args.result, args.out, export=not args.no_export)
     except BundleError as exc:

@@ -181,6 +181,58 @@ def choose_negatives(gold: int, answer: str, by_model: Sequence[int], by_bm25: S
     return chosen if len(chosen) == negatives else None
 
 
+def _number(pid: str) -> int:
+    return int(str(pid).rsplit("-", 1)[1])
+
+
+def remix_records(records: Sequence[dict], ranking: Dict[str, Sequence[int]], mined: int) -> Iterator[dict]:
+    """``records`` (BM25-only negatives, as the GPU students' data) with their negatives chosen again as the
+    recipe does: ``mined`` clean ones from the model's ``ranking`` (qid → paragraph numbers, best first:
+    ``exact-rank``'s), the rest from the record's own negatives in their (BM25) order —
+    :func:`choose_negatives` with the record's clean BM25 negatives as BM25's ranking, so a record comes
+    out as ``squad_records`` would have written it with that ranking. The new negatives' texts and
+    sentences are the records' own (the scan ranks only their passages); a labelled record
+    (``training.teachers labels``) keeps its labels, a negative's all 0. A question missing from the
+    ranking keeps its record."""
+    passages: Dict[int, dict] = {}
+    for r in records:
+        for p in r.get("passages", ()):  # (a skipped question has none)
+            passages.setdefault(_number(p["pid"]), p)
+    texts = {n: p["text"] for n, p in passages.items()}
+    for r in records:
+        if r["qid"] not in ranking or not r.get("passages"):
+            yield r
+            continue
+        if "answer" not in r:
+            raise ValueError(f"record {r['qid']}: no answer, so its mined negatives cannot be checked for it")
+        gold, own = r["passages"][0], [_number(p["pid"]) for p in r["passages"][1:]]
+        chosen = choose_negatives(_number(gold["pid"]), r["answer"], [d for d in ranking[r["qid"]] if d in texts],
+                                  own, texts, len(own), mined)
+        if chosen is None:  # (its own negatives are clean, so only a record with an answer in them)
+            yield r
+            continue
+        negatives = []
+        for d in chosen:
+            p = passages[d]
+            negative = {"pid": p["pid"], "text": p["text"], "sentences": p["sentences"], "positive": False,
+                        "answer_sentences": []}
+            if "teacher" in gold:
+                negative.update(teacher=0.0, teacher_sentences=[0.0] * len(p["sentences"]))
+            negatives.append(negative)
+        yield {**r, "passages": [gold] + negatives}
+
+
+def read_ranking(path: Path) -> Dict[str, List[int]]:
+    """``exact-rank``'s JSONL ``{qid, ranked}`` as qid → paragraph numbers."""
+    ranking: Dict[str, List[int]] = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                ranking[row["qid"]] = row["ranked"]
+    return ranking
+
+
 def squad_records(items: Sequence[tuple], paragraphs: List[dict], miner: Miner, negatives: int, mined: int,
                   start: int = 0, batch: int = 256) -> Iterator[dict]:
     texts = miner.texts
@@ -497,14 +549,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         train = train[:args.limit] if args.limit else train
         heldout = heldout[:args.heldout_questions]
         model = None if args.mine_model == "none" or args.ranking else args.mine_model
-        ranking = None
-        if args.ranking:
-            ranking = {}
-            with open(args.ranking) as f:
-                for line in f:
-                    if line.strip():
-                        row = json.loads(line)
-                        ranking[row["qid"]] = row["ranked"]
+        ranking = read_ranking(args.ranking) if args.ranking else None
         miner = Miner([p["context"] for p in paragraphs], model, args.index, ranking=ranking)
         for items, out in ((heldout, args.heldout), (train, args.out)):
             if out.exists():
