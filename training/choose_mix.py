@@ -153,12 +153,23 @@ def best_setting(rows: Dict[str, Dict[str, dict]], guards: Sequence[str] = (),
 
 
 def fingerprint(spec: str) -> str:
-    """A model folder's files (name, size, mtime): a model trained again invalidates kept rows."""
+    """A model folder's files (name, size, content hash): a model trained again invalidates kept rows, a
+    copy of the same files does not (by mtime it did: ../shared/models, copied afresh for a session, lost
+    every kept guard-2000 row of the last one)."""
+    import hashlib
+
     folder = Path(spec)
     if not folder.is_dir():
         return spec
-    return ";".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}"
-                    for f in sorted(folder.iterdir()) if f.is_file())
+    parts = []
+    for f in sorted(folder.iterdir()):
+        if f.is_file():
+            digest = hashlib.sha256()
+            with open(f, "rb") as stream:
+                for block in iter(lambda: stream.read(1 << 20), b""):
+                    digest.update(block)
+            parts.append(f"{f.name}:{f.stat().st_size}:{digest.hexdigest()[:16]}")
+    return ";".join(parts)
 
 
 def fingerprint_file(spec: str) -> str:
