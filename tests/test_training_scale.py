@@ -261,6 +261,10 @@ def test_guard_sets_only_constrain_the_mix():
     best = best_setting(rows, ["nq"], reference, tolerance=1.0)
     assert best == {"model": "mix=0.5", "alpha": 1.0, "mean_sentence_p1": 73.0, "guard_deficit": 0.5,
                     "guard": "admissible"}
+    # exactly the tolerance below is admissible, whatever floating point makes of the rounded rows' difference
+    assert 16.1 - 15.1 > 1.0 and guard_deficit(row(0.0, 15.1, 43.0), "1.0", row(0.0, 16.1, 40.0), ["nq"]) == 1.0
+    edge = best_setting({"mix=1": row(78.0, 15.1, 43.0)}, ["nq"], row(0.0, 16.1, 40.0), tolerance=1.0)
+    assert edge["guard"] == "admissible"
     # nothing admissible: the smallest worst deficit, said so
     strict = best_setting(rows, ["nq"], reference, tolerance=-5.0)
     assert strict["model"] == "mix=0" and strict["guard"].startswith("none admissible")
