@@ -129,6 +129,23 @@ def test_pack_run_unpack_equals_a_model_trained_here(tmp_path, tiny_base):
         assert "done at step 3" in (tmp_path / "models" / name / "train.log").read_text()
 
 
+def test_pack_from_a_runs_folder_takes_distill_records_scored_here_as_training_records(tmp_path, tiny_base):
+    # scored here, they need no teacher stage there (the device call's slowest so far)
+    train, distill = _records(tmp_path)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for name in ("squad-labels", "scifact-labels", "distill-nq-dev-scored"):
+        (runs / f"{name}.jsonl").write_text(train.read_text())
+    for t in ("nq-dev", "trivia-dev", "wiki-claims"):
+        (runs / f"distill-{t}.jsonl").write_text(distill.read_text())
+    bundle.main(["pack", str(tmp_path / "b"), "--runs", str(runs), "--wheels", "none", "--limit-mib", "60",
+                 "--precision", "float32", "--mine", "none", "none", "--models", "agrame", "colbert"])
+    manifest = json.loads((tmp_path / "b" / "bundle.json").read_text())
+    assert manifest["train"] == [["squad-labels.jsonl", 1], ["scifact-labels.jsonl", 4],
+                                 ["distill-nq-dev-scored.jsonl", 1]]
+    assert manifest["distill"] == [["distill-trivia-dev.jsonl", 1], ["distill-wiki-claims.jsonl", 1]]
+
+
 def test_a_mine_only_call_brings_the_ranking_back_alone(tmp_path, tiny_base):
     # the next device session's first call: the scan alone, so that the mined negatives are made here
     # before the bundle the second call trains from is packed

@@ -817,7 +817,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("out", type=Path)
     p.add_argument("--runs", type=Path, default=None,
                    help="training/scale.sh's data folder (R = $AGRAME_RUNS/big): squad-labels, scifact-labels@4 "
-                        "and the unscored distill files of nq-dev, trivia-dev, wiki-claims")
+                        "and the distill files of nq-dev, trivia-dev, wiki-claims — scored here already "
+                        "(distill-T-scored.jsonl, as training records) or unscored (the teacher scores them there)")
     p.add_argument("--train", nargs="*", default=[], help="labelled records FILE[@N], used as they are")
     p.add_argument("--distill", nargs="*", default=[], help="records FILE[@N] scored by the zero-shot teacher there")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
@@ -855,7 +856,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             train, distill = list(args.train), list(args.distill)
             if args.runs is not None:
                 train += [str(args.runs / "squad-labels.jsonl"), str(args.runs / "scifact-labels.jsonl") + "@4"]
-                distill += [str(args.runs / f"distill-{t}.jsonl") for t in ("nq-dev", "trivia-dev", "wiki-claims")]
+                for t in ("nq-dev", "trivia-dev", "wiki-claims"):
+                    # scored here already (DISTILL=1 … training/scale.sh): they travel as training records,
+                    # and the device call skips its teacher stage (the first calls' slowest)
+                    scored = args.runs / f"distill-{t}-scored.jsonl"
+                    if scored.is_file():
+                        train.append(str(scored))
+                    else:
+                        distill.append(str(args.runs / f"distill-{t}.jsonl"))
             if not train:
                 raise BundleError("no training records (--runs R or --train FILE…)")
             mine = tuple(args.mine) if args.mine else (("squad-labels.jsonl", "zero-shot-128") if args.runs else None)
