@@ -610,6 +610,7 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
     report["teacher_s"] = elapsed()
     say(f"distill records scored at {elapsed()} s")
     if mining and mined:  # the students' SQuAD negatives from the scan, if it is done in the teacher's share
+        progress("mining")
         data, report["mining"] = _remix(mining, mine, mined, data, work, out, deadline=t0 + budget * 0.5)
         report["mining"]["at_s"] = elapsed()
         mining = {}
