@@ -648,16 +648,23 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
         report["students"][m] = {"files": files, "last_log": (work / "big" / m / "train.log").read_text()
                                  .strip().splitlines()[-1:]}
     if mining:
-        mined, late = _wait(mining, deadline=t0 + budget - 10)
-        log = (work / "logs" / "mine" / "mine.log").read_text()[-1000:]
-        report["mining"] = {"exit": mined["mine"], "stopped_at_deadline": bool(late), "log": log}
-        if mined["mine"] or late:
-            (out / "squad-ranking.jsonl").unlink(missing_ok=True)  # (its .partial goes in run())
-        say(f"mining: exit {mined['mine']}" + (", stopped at the deadline" if late else ""))
+        report["mining"] = _mining_done(mining, t0 + budget - 10, work, out)
+        say(f"mining: exit {report['mining']['exit']}"
+            + (", stopped at the deadline" if report["mining"]["stopped_at_deadline"] else ""))
     report["done_s"] = elapsed()
     (out / "run.json").write_text(json.dumps(report, indent=2) + "\n")
     say(f"done at {elapsed()} s")
     return report
+
+
+def _mining_done(mining: Dict[str, subprocess.Popen], deadline: float, work: Path, out: Path) -> dict:
+    """The mining scan waited for until ``deadline`` (then stopped): its exit, whether it was late, its
+    log's end; a failed or late scan's ranking removed (its .partial goes in run())."""
+    codes, late = _wait(mining, deadline)
+    if codes["mine"] or late:
+        (out / "squad-ranking.jsonl").unlink(missing_ok=True)
+    return {"exit": codes["mine"], "stopped_at_deadline": bool(late),
+            "log": (work / "logs" / "mine" / "mine.log").read_text()[-1000:]}
 
 
 def _remix(mining: Dict[str, subprocess.Popen], mine: dict, mined: int, data: List[str], work: Path, out: Path,
@@ -667,12 +674,9 @@ def _remix(mining: Dict[str, subprocess.Popen], mine: dict, mined: int, data: Li
     from .data import read, write_jsonl
     from .mined import read_ranking, remix_records
 
-    codes, late = _wait(mining, deadline)
-    report = {"exit": codes["mine"], "stopped_at_deadline": bool(late), "mined": mined, "records": 0,
-              "log": (work / "logs" / "mine" / "mine.log").read_text()[-1000:]}
+    report = {**_mining_done(mining, deadline, work, out), "mined": mined, "records": 0}
     ranking = out / "squad-ranking.jsonl"
-    if codes["mine"] or late or not ranking.exists():
-        ranking.unlink(missing_ok=True)  # (a partial one goes in run())
+    if not ranking.exists():
         return data, report
     source = work / "data" / mine["records"]
     remixed = source.with_name(f"{source.stem}-mined{mined}.jsonl")

@@ -163,15 +163,8 @@ def fingerprint(spec: str) -> str:
     folder = Path(spec)
     if not folder.is_dir():
         return spec
-    parts = []
-    for f in sorted(folder.iterdir()):
-        if f.is_file():
-            digest = hashlib.sha256()
-            with open(f, "rb") as stream:
-                for block in iter(lambda: stream.read(1 << 20), b""):
-                    digest.update(block)
-            parts.append(f"{f.name}:{f.stat().st_size}:{digest.hexdigest()[:16]}")
-    return ";".join(parts)
+    return ";".join(f"{f.name}:{f.stat().st_size}:{hashlib.sha256(f.read_bytes()).hexdigest()[:16]}"
+                    for f in sorted(folder.iterdir()) if f.is_file())
 
 
 def fingerprint_file(spec: str) -> str:

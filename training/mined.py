@@ -116,6 +116,11 @@ class Miner:
         return by_model, by_bm25
 
 
+def _number(pid: str) -> int:
+    """``train-N`` → N: a SQuAD train paragraph's number."""
+    return int(str(pid).rsplit("-", 1)[1])
+
+
 def exact_rankings(model, records: Sequence[dict], depth: int = 30, device: str = "cpu", questions_per_batch: int = 32,
                    passages_per_chunk: int = 2048) -> Iterator[Tuple[str, List[int]]]:
     """Each record's question ranked against every distinct passage of the records (their ``pid``
@@ -129,7 +134,7 @@ def exact_rankings(model, records: Sequence[dict], depth: int = 30, device: str 
     texts: Dict[int, str] = {}
     for r in records:
         for p in r["passages"]:
-            texts.setdefault(int(str(p["pid"]).rsplit("-", 1)[1]), p["text"])
+            texts.setdefault(_number(p["pid"]), p["text"])
     pids = sorted(texts)
     ranker = Ranker(model.to(device))
     with torch.inference_mode():
@@ -179,10 +184,6 @@ def choose_negatives(gold: int, answer: str, by_model: Sequence[int], by_bm25: S
     take(by_bm25, negatives)
     take(by_model, negatives)  # BM25 ran short: more of the model's
     return chosen if len(chosen) == negatives else None
-
-
-def _number(pid: str) -> int:
-    return int(str(pid).rsplit("-", 1)[1])
 
 
 def remix_records(records: Sequence[dict], ranking: Dict[str, Sequence[int]], mined: int) -> Iterator[dict]:
