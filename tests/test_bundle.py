@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -308,6 +309,31 @@ def test_remixed_negatives_are_those_the_recipe_would_have_chosen(data):
     assert [p["pid"] for p in got[0]["passages"]] == [f"train-{d}" for d in [gold] + want]
     assert got[0]["passages"][0] is record["passages"][0] and all(
         p["teacher"] == 0.0 and p["teacher_sentences"] == [0.0] and not p["positive"] for p in got[0]["passages"][1:])
+
+
+def test_bad_remix_input_is_refused_or_reported(tmp_path, capsys):
+    from training.mined import remix_records
+
+    with pytest.raises(SystemExit) as exit_:
+        bundle.main(["run", "--bundle", str(tmp_path), "--out", str(tmp_path / "o"), "--mined", "-1"])
+    assert exit_.value.code == 2 and "--mined -1" in capsys.readouterr().err
+    record = {"qid": "q", "question": "x", "passages": [{"pid": "train-0", "text": "a", "sentences": [[0, 1]]},
+                                                        {"pid": "train-1", "text": "b", "sentences": [[0, 1]]}]}
+    with pytest.raises(ValueError, match="record q: no answer"):
+        list(remix_records([record], {"q": [1, 0]}, 1))
+    # there, the call trains on the records as packed and says why
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "logs" / "mine").mkdir(parents=True)
+    (work / "logs" / "mine" / "mine.log").write_text("ranked 1 questions")
+    (work / "data").mkdir()
+    (work / "data" / "train.jsonl").write_text(json.dumps(record) + "\n")
+    out.mkdir()
+    (out / "squad-ranking.jsonl").write_text(json.dumps({"qid": "q", "ranked": [1, 0]}) + "\n")
+    done = bundle._start({"mine": ["-c", "pass"]}, work / "logs" / "done", dict(os.environ))
+    data = [f"{work / 'data' / 'train.jsonl'}@2"]
+    got, report = bundle._remix(done, {"records": "train.jsonl"}, 1, data, work, out, time.time() + 60)
+    assert got == data and report["records"] == 0 and "no answer" in report["error"]
+    assert not (work / "data" / "train-mined1.jsonl").exists()
 
 
 def test_the_exact_mining_scan_ranks_as_the_ranker_does(make_tiny_encoder):

@@ -680,7 +680,11 @@ def _remix(mining: Dict[str, subprocess.Popen], mine: dict, mined: int, data: Li
         return data, report
     source = work / "data" / mine["records"]
     remixed = source.with_name(f"{source.stem}-mined{mined}.jsonl")
-    report["records"] = write_jsonl(remix_records(read(source), read_ranking(ranking), mined), remixed)
+    try:
+        report["records"] = write_jsonl(remix_records(read(source), read_ranking(ranking), mined), remixed)
+    except ValueError as exc:  # (a record the remix cannot check: the call still trains, on the records as packed)
+        report["error"] = str(exc)
+        return data, report
     return [f"{remixed}@{spec.rsplit('@', 1)[1]}" if spec.rsplit("@", 1)[0] == str(source) else spec
             for spec in data], report
 
@@ -856,6 +860,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     u.add_argument("--out", type=Path, required=True)
     u.add_argument("--no-export", action="store_true")
     args = parser.parse_args(argv)
+    if args.command == "run" and args.mined < 0:
+        parser.error(f"--mined {args.mined}: the negatives taken from the ranking, 0 or more")
     try:
         if args.command == "pack":
             train, distill = list(args.train), list(args.distill)
