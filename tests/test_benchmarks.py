@@ -349,3 +349,23 @@ def test_index_search_run_records_the_per_hit_it_searched_with(tmp_path, tiny_mo
     assert runs["phdefault"]["search"]["per_hit"] == index_search.SearchSettings().per_hit
     assert runs["ph1"]["rankings"] == runs["phdefault"]["rankings"]
     assert "--per-hit 1" in runs["ph1"]["command"]
+
+
+def test_a_sample_naming_most_of_the_pool_encodes_the_whole_pool(tmp_path, monkeypatch, tiny_model_dir):
+    # A sample's candidates get a cache of their own only while they are a small part of the pool; most of
+    # it is encoded as the whole pool, the cache the full-protocol benchmarks after it read.
+    import numpy as np
+
+    from benchmarks.rerank import SUBSET_SHARE, Harness
+
+    monkeypatch.setenv("AGRAME_CACHE", str(tmp_path))
+    texts = [f"Passage {i} says that the river number {i} floods in spring." for i in range(8)]
+    spans = [[(0, len(t))] for t in texts]
+    for name, needed, subset in (("small", [1, 2], True), ("most", [0, 1, 2, 3, 5, 6], False)):
+        assert (len(needed) <= SUBSET_SHARE * len(texts)) == subset
+        run, _ = Harness(name, texts, spans, str(tiny_model_dir)).make(
+            "colbert-zeroshot-psg", [("q", "which river floods")], needed=needed)
+        caches = [p.name for p in tmp_path.glob(f"colbert-{name}-*")]
+        assert len(caches) == 1 and caches[0].startswith(f"colbert-{name}-subset-") == subset, caches
+        passages, _ = run("q", "which river floods", np.array(needed[::-1]))
+        assert sorted(passages) == needed  # either cache answers for the candidates asked
