@@ -272,3 +272,14 @@ def test_gpu_students_mix_each_from_its_own_start_with_bm25_only_data(tmp_path):
     rows = dry_run("scale_eval.sh", tmp_path, "gpu-agrame128", "gpu-colbert", RESULTS=str(tmp_path / "results")).stdout
     assert lines_with(rows, "benchmarks.citation", f"--model {big}/gpu/export/gpu2100-agrame128-guarded")
     assert lines_with(rows, "benchmarks.open_domain", f"--model {big}/gpu/gpu2100-colbert-guarded", "--tag gpu-colbert")
+    # the 128-d model's compressed-index rows, under the larger guard sets; a finished row is not run again
+    results = tmp_path / "results"
+    results.mkdir(exist_ok=True)
+    (results / "index_search-latency-2b-gpu-agrame128-g2000.json").write_text("{}")
+    index = dry_run("scale_eval.sh", tmp_path, "gpu-agrame128-index", GUARDS="2000", RESULTS=str(results)).stdout
+    model = f"--model {big}/gpu/export/gpu2100-agrame128-guarded2000"
+    for row in ("index_search build --nbits 2", "--dataset nq-oracle --first-stage agrame",
+                "--dataset squad-dev --limit 2000 --first-stage agrame", "benchmarks.plaid"):
+        assert lines_with(index, row, model, "--tag gpu-agrame128-g2000"), row
+    assert not lines_with(index, "index_search latency")
+    assert lines_with(index, "build-time --models zero-shot", f"{big}/gpu/export/gpu2100-agrame128-guarded2000")

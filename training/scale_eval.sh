@@ -56,6 +56,25 @@ candidate() {  # candidate TAG MODEL: the suite and the citation rows
       $RUN python -m benchmarks.citation --dataset "${dataset[@]}" --model "$model" --tag "$tag"
   done
 }
+index_rows() {  # index_rows TAG MODEL: a 128-d candidate's compressed-index rows (issue 39): bytes per token,
+  # P@1 / R@100 over the whole pool, sentence-search latency, beside colbert-ai PLAID at k = 10 / 100, build time
+  # against zero-shot's. The timings (latency, plaid, build-time) are for a machine with nothing else running.
+  local tag=$1 model=$2
+  [ -s "$res/index_search-size-2b-$tag.json" ] ||
+    $RUN python -m benchmarks.index_search build --nbits 2 --model "$model" --tag "$tag"
+  [ -s "$res/index_search-nq-oracle-agrame-2b-$tag.json" ] ||
+    $RUN python -m benchmarks.index_search run --dataset nq-oracle --first-stage agrame --nbits 2 --model "$model" --tag "$tag"
+  [ -s "$res/index_search-squad-dev-agrame-2b-s2000-$tag.json" ] ||
+    $RUN python -m benchmarks.index_search run --dataset squad-dev --limit 2000 --first-stage agrame --nbits 2 \
+      --model "$model" --tag "$tag"
+  [ -s "$res/index_search-latency-2b-$tag.json" ] ||
+    $RUN python -m benchmarks.index_search latency --nbits 2 --threads 2 --model "$model" --tag "$tag"
+  [ -s "$res/plaid-nq-oracle-$tag.json" ] ||
+    $RUN python -m benchmarks.plaid --model "$model" --dataset nq-oracle --threads 2 --tag "$tag"
+  local name; name=$(basename "$model" | tr .- __)
+  [ -s "$res/index_search-build-time-zero_shot-vs-$name.json" ] ||
+    $RUN python -m benchmarks.index_search build-time --models zero-shot "$model" --passages 1000 --threads 1
+}
 # zero-shot's SciFact row again with the same taught set (its other rows are already in the repo)
 scifact zeroshot zero-shot
 for what in ${*:-agrame colbert}; do
@@ -70,8 +89,9 @@ for what in ${*:-agrame colbert}; do
     # the GPU-trained students of ../shared/models, mixed by training/gpu_students.sh (issue 39)
     gpu-agrame) candidate "gpu-agrame$sfx" "$R/gpu/export/gpu2100-agrame-$G" ;;
     gpu-agrame128) candidate "gpu-agrame128$sfx" "$R/gpu/export/gpu2100-agrame128-$G" ;;
+    gpu-agrame128-index) index_rows "gpu-agrame128$sfx" "$R/gpu/export/gpu2100-agrame128-$G" ;;
     gpu-colbert) bench "gpu-colbert$sfx" "$R/gpu/gpu2100-colbert-$G" ;;
-    *) echo "scale_eval: unknown model '$what' (agrame, agrame-unguarded, agrame-distill, colbert, colbert-distill, gpu-agrame, gpu-agrame128, gpu-colbert)" >&2
+    *) echo "scale_eval: unknown model '$what' (agrame, agrame-unguarded, agrame-distill, colbert, colbert-distill, gpu-agrame, gpu-agrame128, gpu-agrame128-index, gpu-colbert)" >&2
        exit 2 ;;
   esac
 done
