@@ -593,8 +593,10 @@ SCALED_ROWS = (("zero-shot", "zero-shot MiniLM (the default today)"),
                # issue 39: ../shared/models' students, 2,100 steps on one H200, mixed by training/gpu_students.sh
                ("gpu-agrame", "AGRaME, the same recipe trained 2,100 steps on a GPU (`gpu2100-agrame`; mixed under "
                               "the guard sets: λ = 0.25)"),
-               ("gpu-agrame128", "the same from the 128-d start (`gpu2100-agrame128`; λ = 0.25, α = 1.5)"),
-               ("gpu-agrame128-g2000", "the same student mixed under 2,000-question guard sets (λ = 0.5, α = 0.5)"),
+               ("gpu-agrame128", "the same from the 128-d start, mixed under the 500-question guards (λ = 0.25, "
+                                 "α = 1.5; none admissible: `gpu2100-agrame128` until 2026-11-27)"),
+               ("gpu-agrame128-g2000", "**the same student mixed under 2,000-question guard sets** (λ = 0.5, α = 0.5; "
+                                       "admissible: `gpu2100-agrame128`)"),
                ("gpu-colbert", "its passage-loss-only twin (`gpu2100-colbert`, mixed alike)"))
 SCALED_CANDIDATES = ("big-agrame", "big-agrame-guarded", "big-agrame-distill", "big-agrame-distill-g2000",
                      "gpu-agrame", "gpu-agrame128", "gpu-agrame128-g2000")
