@@ -52,9 +52,9 @@ def test_default_is_zero_shot_until_a_trained_model_ships_and_named_models_load_
     # the fingerprint its full-protocol rows in benchmarks/results were measured with (tag gpu-agrame)
     assert gpu.fingerprint()[:12] == "a23430e88708" and gpu.dim == 384 and gpu.projection is None
     assert gpu.settings.markers["Q'"] == "[unused2]" and gpu.settings.markers["Q"] is None
-    gpu128 = load_encoder("gpu2100-agrame128")  # its rows' fingerprint (tag gpu-agrame128)
-    assert gpu128.fingerprint()[:12] == "0e18edd78ade" and gpu128.dim == 128
-    assert gpu128.settings.markers["Q'"] == "[unused2]" and gpu128.settings.alpha == 1.5
+    gpu128 = load_encoder("gpu2100-agrame128")  # its rows' fingerprint (tag gpu-agrame128-g2000)
+    assert gpu128.fingerprint()[:12] == "7648f802339c" and gpu128.dim == 128
+    assert gpu128.settings.markers["Q'"] == "[unused2]" and gpu128.settings.alpha == 0.5
     a1 = load_encoder("squad-a1")  # a fingerprint mismatch raises
     assert a1.dim == 128 and a1.settings.markers["Q"] == "[unused0]"
     compact = load_encoder("zero-shot-128")
