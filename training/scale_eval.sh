@@ -32,9 +32,12 @@ scifact() {  # scifact TAG MODEL: SciFact dev, and its claims on abstracts SciFa
     $RUN python -m benchmarks.cross_domain --dataset scifact --method colbert-zeroshot-psg --model "$2" --tag "$1" \
       --taught "$R/scifact.jsonl"
 }
+need() {  # need MODEL: a model folder that is not there ends the run before any benchmark starts
+  [ -n "$RUN" ] || [ -e "$1" ] || { echo "scale_eval: $1 not found (run training/scale.sh first)" >&2; exit 2; }
+}
 bench() {  # bench TAG MODEL
   local tag=$1 model=$2
-  [ -n "$RUN" ] || [ -e "$model" ] || { echo "scale_eval: $model not found (run training/scale.sh first)" >&2; exit 2; }
+  need "$model"
   for spec in "squad-dev --limit 2000 --seed 0" "nq-oracle" "entityquestions --limit 1000 --seed 0"; do
     set -- $spec
     [ -s "$res/open_domain-$1-colbert-zeroshot-psg-$tag.json" ] ||
@@ -60,6 +63,7 @@ index_rows() {  # index_rows TAG MODEL: a 128-d candidate's compressed-index row
   # P@1 / R@100 over the whole pool, sentence-search latency, beside colbert-ai PLAID at k = 10 / 100, build time
   # against zero-shot's. The timings (latency, plaid, build-time) are for a machine with nothing else running.
   local tag=$1 model=$2
+  need "$model"
   [ -s "$res/index_search-size-2b-$tag.json" ] ||
     $RUN python -m benchmarks.index_search build --nbits 2 --model "$model" --tag "$tag"
   [ -s "$res/index_search-nq-oracle-agrame-2b-$tag.json" ] ||
