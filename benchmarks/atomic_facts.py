@@ -37,7 +37,7 @@ from agrame.spans import span_token_mask
 
 from .bm25 import PoolBM25
 from .common import add_model_args, command_line, sample, tagged, write_result
-from .metrics import precision_at_1, recall_at_k, summarize
+from .metrics import per_question, precision_at_1, recall_at_k, summarize
 from .propsegment import JACCARD_MIN, AtomicData, Query, jaccard, load_atomic
 from .rerank import stable_order
 
@@ -263,7 +263,7 @@ def main(argv=None) -> None:
         "sample": {"questions": len(queries), "of": len(data.queries), "seed": args.seed if args.limit else None,
                    "candidates": len(data.candidates), "queries_without_gold": sum(not q.gold for q in queries)},
         "metrics": summarize(per_query), "ms_per_question": round(1000 * seconds / max(1, len(queries)), 1),
-        "tag": args.tag,
+        "tag": args.tag, "per_question": per_question([q.qid for q in queries], per_query),
     }
     path = write_result(tagged(f"atomic_facts-{args.method}", args.tag), result, args.out, command_line("benchmarks.atomic_facts", argv))
     print(f"atomic facts {args.method}: {result['metrics']} → {path}")

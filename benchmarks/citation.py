@@ -45,7 +45,7 @@ from propcite.citer import Citer
 from .bm25 import tokenize
 from .common import RESULTS, command_line, data_dir, sample, tagged, write_result
 from .encodings import SingleVectorEncoder
-from .metrics import citation_scores
+from .metrics import citation_claim_counts, citation_scores
 
 TEXT_SYSTEMS = ("rr_gs_gpt4", "rr_sphere_gpt4", "post_hoc_gs_gpt4", "post_hoc_sphere_gpt4")
 MARGINS = (0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2)
@@ -378,6 +378,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         source = f"chosen on ExpertQA rand_val (benchmarks/results/{tagged('citation-expertqa-rand_val', args.tag)}.json)"
     result = score(claims, preds, records, choice, groups)
     result["margin_sweep"] = grid
+    # PropCite's citations claim by claim (the first label group, as the F1 rows): a paired test reads them
+    first = next(iter(groups.values()))
+    judged = [c for c in claims if c.label in first]
+    result["per_claim"] = {"ids": [c.cid for c in judged], "propositions": [
+        citation_claim_counts(preds["propositions"][c.cid], c.gold) for c in judged]}
     out = {"benchmark": "citation", "dataset": dataset, **model,
            "baseline_model": args.baseline_model or "MiniLM (all-MiniLM-L6-v2)",
            "sample": {"tasks": len(tasks), "claims": len(claims), "limit": args.limit, "seed": args.seed,

@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from tqdm.auto import tqdm
 
 from .common import add_model_args, command_line, data_dir, sample, tagged, write_result
-from .metrics import precision_at_1, recall_at_k, summarize
+from .metrics import per_question, precision_at_1, recall_at_k, summarize
 from .rerank import METHODS, Harness
 
 FIRST_STAGE_K = 100
@@ -139,6 +139,7 @@ def main(argv=None) -> None:
         "sample": {"questions": len(claims), "of": len(all_claims), "seed": args.seed if args.limit else None},
         "first_stage": f"bm25 top-{FIRST_STAGE_K}", "corpus_passages": len(texts), "tag": args.tag,
         "metrics": summarize(per_claim), "ms_per_question": round(1000 * seconds / max(1, len(claims)), 1),
+        "per_question": per_question([qid for qid, _ in queries], per_claim),
     }
     if taught is not None:
         result["untaught"] = untaught_summary(claims, per_claim, taught, args.taught.name)

@@ -27,7 +27,7 @@ from .common import add_model_args, command_line, sample, tagged, write_result
 from .data import OPEN_DOMAIN_DATASETS, PoolMatcher, Question, load_pool, load_questions, restrict_pool
 from .encodings import pool_sentences
 from .gold import gold_sentences
-from .metrics import has_answer, precision_at_1, recall_at_k, summarize
+from .metrics import has_answer, per_question as per_question_block, precision_at_1, recall_at_k, summarize
 from .rerank import METHODS, Harness
 
 FIRST_STAGE_K = 100
@@ -126,6 +126,7 @@ def main(argv=None) -> None:
                    "with_gold_sentence": sum("sent_p1" in m for m in per_question)},
         "first_stage": f"bm25 top-{args.depth}", "pool_passages": len(pool), "tag": args.tag,
         "metrics": metrics, "ms_per_question": round(1000 * seconds / len(questions), 1),
+        "per_question": per_question_block([q.qid for q in questions], per_question),
     }
     if answerable is not None:
         subset = [m for q, m in zip(questions, per_question) if answerable[q.qid]]

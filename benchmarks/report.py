@@ -1299,7 +1299,40 @@ def render_batch_search(results: List[dict]) -> str:
     return "\n".join(out)
 
 
+def render_evidence(results: List[dict]) -> str:
+    """Evidence-sentence ranking on WiCE dev (benchmarks.evidence), each model with BM25 beside it."""
+    out = ["## Evidence sentences on WiCE dev (issue 51)", "",
+           "Each supported or partially supported claim ranks the sentences of its own cited article (the article "
+           "encoded once as one passage, WiCE's sentences as its spans); gold: the union of its supporting sentence "
+           "sets. P@1 / Hit@5 / MRR in %; BM25 over the same sentences beside each run:", "",
+           "| model | claims | P@1 | Hit@5 | MRR | BM25 P@1 | BM25 Hit@5 | BM25 MRR |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(results, key=lambda r: str(r.get("tag"))):
+        m, b = r["metrics"], r["bm25"]
+        out.append(f"| {r['model']} ({r['fingerprint']}) | {r['sample']['questions']} | "
+                   + " | ".join(_fmt(x.get(k)) for x in (m, b) for k in ("sent_p1", "sent_hit5", "sent_mrr")) + " |")
+    out += ["", _provenance(results)]
+    return "\n".join(out)
+
+
+def render_shipping(results_dir: Path) -> str | None:
+    """The shipping rule (issue 51), row by row for the default model."""
+    from agrame.encoder import DEFAULT_MODEL
+
+    from . import shipping
+
+    if not list(results_dir.glob("*-ship-*.json")):
+        return None
+    rule = shipping.__doc__.split("The rule", 1)[1].split("Rows:", 1)[0].strip()
+    return "\n".join(["## The shipping rule: which model is the default (issue 51)", "",
+                      "The rule " + rule, "",
+                      f"The default is `{DEFAULT_MODEL}` (`agrame models` lists every shipped model with these rows). "
+                      "Its rows against zero-shot MiniLM, on the same questions (`bash benchmarks/shipping.sh zero-shot "
+                      f"{DEFAULT_MODEL}`, then `python -m benchmarks.shipping verdict --candidate {DEFAULT_MODEL}`):", "",
+                      shipping.render(DEFAULT_MODEL, results_dir)])
+
+
 RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
+    "evidence": render_evidence,
     "open_domain": render_open_domain,
     "cross_domain": render_cross_domain,
     "atomic_facts": render_atomic_facts,
@@ -1327,6 +1360,9 @@ def build(results_dir: Path = RESULTS, chart: Path | None = None) -> str:
         result = json.loads(path.read_text())
         grouped[result["benchmark"]].append(result)
     sections = [HEADER]
+    shipping = render_shipping(results_dir)
+    if shipping:
+        sections.append(shipping)
     if chart is not None and sentence_chart(grouped, chart):
         sections.append(f"![sentence-level P@1 per method and dataset]({chart.name})")
     if chart is not None:

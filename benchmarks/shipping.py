@@ -1,0 +1,246 @@
+"""The shipping rule: which model may be the default, decided row by row against zero-shot MiniLM.
+
+    bash benchmarks/shipping.sh zero-shot gpu2100-agrame128      # the rows, per-question outcomes kept
+    python -m benchmarks.shipping verdict --candidate gpu2100-agrame128
+    python -m benchmarks.shipping cards                            # agrame/models/cards.json (agrame models)
+
+The rule (issue 51, written down before its rows were measured). A candidate may be the default when,
+on every full-protocol row below, its value minus zero-shot MiniLM's on the same questions (d, in
+points) passes:
+
+- squad-dev sentence P@1 (2,000 questions): d ≥ +3 (the trained effect the default must bring);
+- every other row: d ≥ −1 — unless the row is too small for a 1-point tolerance: where the standard
+  error of d exceeds 1 point, the row passes when the candidate is *not significantly below* zero-shot
+  (one-sided paired randomisation test on the same questions, p ≥ 0.05;
+  :func:`benchmarks.metrics.paired_test`). The standard error is the standard deviation of that
+  test's randomisation distribution (each question's pair of outcomes swapped at random), in points.
+
+Rows: squad-dev 2,000 and nq-oracle 2,655 passage and sentence P@1 (BM25 top 100 re-ranked),
+EntityQuestions 1,000 passage and sentence P@1, SciFact dev passage and sentence P@1, the atomic facts'
+sentence and proposition P@1, PropCite's citation F1 on ExpertQA rand_val / domain_val and WiCE dev,
+and evidence-sentence ranking on WiCE dev (P@1, Hit@5, MRR; :mod:`benchmarks.evidence`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .common import REPO, RESULTS, command_line
+from .metrics import paired_test
+
+#: (row, benchmark, dataset, metric, bound): bound +3 is the gain row, −1 the tolerance rows.
+ROWS: Tuple[Tuple[str, str, str, str, float], ...] = (
+    ("squad-dev passage P@1", "open_domain", "squad-dev", "psg_p1", -1),
+    ("squad-dev sentence P@1", "open_domain", "squad-dev", "sent_p1", 3),
+    ("nq-oracle passage P@1", "open_domain", "nq-oracle", "psg_p1", -1),
+    ("nq-oracle sentence P@1", "open_domain", "nq-oracle", "sent_p1", -1),
+    ("EntityQuestions passage P@1", "open_domain", "entityquestions", "psg_p1", -1),
+    ("EntityQuestions sentence P@1", "open_domain", "entityquestions", "sent_p1", -1),
+    ("SciFact dev passage P@1", "cross_domain", "scifact-dev", "psg_p1", -1),
+    ("SciFact dev sentence P@1", "cross_domain", "scifact-dev", "sent_p1", -1),
+    ("atomic facts sentence P@1", "atomic_facts", "propsegment-dev-wiki", "sent_p1", -1),
+    ("atomic facts proposition P@1", "atomic_facts", "propsegment-dev-wiki", "prop_p1", -1),
+    ("citation F1, ExpertQA rand_val", "citation", "expertqa-rand_val", "f1", -1),
+    ("citation F1, ExpertQA domain_val", "citation", "expertqa-domain_val", "f1", -1),
+    ("citation F1, WiCE dev", "citation", "wice-dev", "f1", -1),
+    ("WiCE evidence sentence P@1", "evidence", "wice-dev", "sent_p1", -1),
+    ("WiCE evidence sentence Hit@5", "evidence", "wice-dev", "sent_hit5", -1),
+    ("WiCE evidence sentence MRR", "evidence", "wice-dev", "sent_mrr", -1),
+)
+#: Above this standard error (points) a row is judged by the paired test instead of the tolerance.
+SE_LIMIT = 1.0
+P_LIMIT = 0.05
+#: The open-domain samples of the full protocol: (questions, seed).
+SAMPLES = {"squad-dev": (2000, 0), "nq-oracle": (2655, None), "entityquestions": (1000, 0)}
+
+#: Each model's result tags, preferred first: ``ship-<name>`` (benchmarks/shipping.sh, per-question
+#: outcomes kept), then the rows of earlier rounds. A row is taken only when its recorded fingerprint
+#: is the model's.
+MODEL_TAGS: Dict[str, Tuple[str, ...]] = {
+    "zero-shot": ("ship-zero-shot", "zeroshot-full", "zeroshot", None),
+    "gpu2100-agrame128": ("ship-gpu2100-agrame128", "gpu-agrame128-g2000"),
+    "gpu2100-agrame": ("ship-gpu2100-agrame", "gpu-agrame"),
+    "zero-shot-128": ("ship-zero-shot-128", "zeroshot-128"),
+    "squad-a1": ("ship-squad-a1", "agrame-A1"),
+    "e5-kd-128": ("ship-e5-kd-128", "e5-kd-128"),
+    "e5-small": ("ship-e5-small", "e5-small"),
+}
+#: The compressed index's bytes per token (2 bits, the pooled corpus): the size row of each model.
+SIZE_TAGS: Dict[str, Tuple[str, ...]] = {"zero-shot": ("zeroshot",), "gpu2100-agrame128": ("gpu-agrame128-g2000",),
+                                          "e5-kd-128": ("e5-kd-128",)}
+CARDS = REPO / "agrame" / "models" / "cards.json"
+
+
+def fingerprint(name: str) -> str:
+    """A shipped model's fingerprint (12 hex): from its delta.json, or by loading a base model."""
+    from agrame.encoder import load_encoder, named_models
+
+    folder = named_models().get(name)
+    if folder is not None:
+        return json.loads((folder / "delta.json").read_text())["fingerprint"][:12]
+    return load_encoder(name).fingerprint()[:12]
+
+
+def _load(results: Path, pattern: str) -> List[dict]:
+    out = []
+    for path in sorted(results.glob(pattern)):
+        try:
+            row = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        row["_file"] = path.name
+        out.append(row)
+    return out
+
+
+def _full_protocol(row: dict, benchmark: str, dataset: str) -> bool:
+    if row.get("benchmark") != benchmark or row.get("dataset") != dataset:
+        return False
+    if benchmark == "citation":
+        return row.get("sample", {}).get("limit") is None
+    if row.get("method") != "colbert-zeroshot-psg":
+        return False
+    sample = row.get("sample", {})
+    if benchmark == "open_domain":
+        questions, seed = SAMPLES[dataset]
+        return (row.get("first_stage") == "bm25 top-100" and sample.get("questions") == questions
+                and (seed is None or sample.get("seed") == seed))
+    return sample.get("questions") == sample.get("of")
+
+
+def find_row(results: Path, model: str, fp: str, benchmark: str, dataset: str) -> Optional[dict]:
+    """The model's full-protocol result of one benchmark and dataset: its first tag that has one."""
+    rows = [r for r in _load(results, f"{benchmark}-*.json") if _full_protocol(r, benchmark, dataset)
+            and str(r.get("fingerprint", ""))[:12] == fp]
+    for tag in MODEL_TAGS.get(model, (f"ship-{model}",)):
+        found = [r for r in rows if r.get("tag") == tag]
+        if found:
+            return found[-1]
+    return None
+
+
+def value(row: Optional[dict], key: str) -> Optional[float]:
+    if row is None:
+        return None
+    if row["benchmark"] == "citation":
+        methods = row["methods"]["propositions"]
+        return methods[next(iter(methods))]["f1"]
+    return (row.get("metrics") or {}).get(key)
+
+
+def outcomes(row: Optional[dict], key: str) -> Optional[Tuple[List[str], list]]:
+    """Per-question outcomes of a row (ids, values), when the run kept them."""
+    if row is None:
+        return None
+    if row["benchmark"] == "citation":
+        block = row.get("per_claim")
+        return (block["ids"], block["propositions"]) if block else None
+    block = row.get("per_question")
+    return (block["ids"], block[key]) if block and key in block else None
+
+
+def judge_row(cand: Optional[dict], zero: Optional[dict], key: str, bound: float) -> dict:
+    """One row of the rule: values, d, the paired test where both runs kept their outcomes, the verdict."""
+    a, b = value(cand, key), value(zero, key)
+    out = {"candidate": a, "zero_shot": b, "difference": None, "se": None, "p": None, "verdict": "not measured"}
+    if a is None or b is None:
+        return out
+    d = round(a - b, 2)
+    out["difference"] = d
+    pa, pb = outcomes(cand, key), outcomes(zero, key)
+    if pa and pb and pa[0] == pb[0]:
+        test = paired_test(pa[1], pb[1], kind="citation" if cand["benchmark"] == "citation" else "mean")
+        out.update(se=test["se"], p=test["p"], questions=test["questions"])
+    if bound > 0:
+        out["verdict"] = f"met (≥ +{bound:g})" if d >= bound - 1e-9 else f"missed (≥ +{bound:g})"
+    elif out["se"] is None:
+        out["verdict"] = "pending (no paired outcomes: rerun with benchmarks/shipping.sh)"
+    elif out["se"] <= SE_LIMIT:
+        out["verdict"] = "met (≥ −1)" if d >= bound - 1e-9 else "missed (≥ −1)"
+    else:
+        out["verdict"] = (f"met (SE {out['se']:.1f} > 1: not significantly below, p = {out['p']:.3f})"
+                          if out["p"] >= P_LIMIT else
+                          f"missed (SE {out['se']:.1f} > 1: significantly below, p = {out['p']:.3f})")
+    return out
+
+
+def verdict(candidate: str, results: Path = RESULTS) -> List[dict]:
+    fps = {m: fingerprint(m) for m in (candidate, "zero-shot")}
+    rows = []
+    for name, benchmark, dataset, key, bound in ROWS:
+        cand = find_row(results, candidate, fps[candidate], benchmark, dataset)
+        zero = find_row(results, "zero-shot", fps["zero-shot"], benchmark, dataset)
+        rows.append({"row": name, "bound": bound, **judge_row(cand, zero, key, bound),
+                     "files": [r["_file"] if r else None for r in (cand, zero)]})
+    return rows
+
+
+def _cell(x, fmt="{:.1f}") -> str:
+    return "—" if x is None else fmt.format(x)
+
+
+def render(candidate: str, results: Path = RESULTS) -> str:
+    rows = verdict(candidate, results)
+    passed = all(r["verdict"].startswith("met") for r in rows)
+    out = [f"| row | `{candidate}` | zero-shot | d (points) | SE of d | p (below) | verdict |",
+           "|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        out.append(f"| {r['row']} | {_cell(r['candidate'])} | {_cell(r['zero_shot'])} | "
+                   f"{_cell(r['difference'], '{:+.1f}')} | {_cell(r['se'], '{:.2f}')} | {_cell(r['p'], '{:.3f}')} | "
+                   f"{r['verdict']} |")
+    out += ["", f"**Verdict for `{candidate}`: {'every row passes' if passed else 'not every row passes'}.** "
+                "Files: " + ", ".join(sorted({f for r in rows for f in r["files"] if f}))]
+    return "\n".join(out)
+
+
+def cards(results: Path = RESULTS) -> dict:
+    """What ``agrame models`` prints: each shipped model's dimension, index size, fingerprint and rows."""
+    from agrame.encoder import ModelError, load_encoder, named_models
+
+    out: Dict[str, dict] = {}
+    for name in ("zero-shot", "e5-small", *named_models()):
+        try:
+            encoder = load_encoder(name)
+        except ModelError:  # e5-small without agrame[e5]
+            continue
+        fp = encoder.fingerprint()[:12]
+        size = None
+        sizes = [r for r in _load(results, "index_search-size-2b*.json")
+                 if r["_file"] in {f"index_search-size-2b-{t}.json" for t in SIZE_TAGS.get(name, ())}]
+        if sizes:
+            size = sizes[-1]["bytes_per_token_text_excluded"]
+        rows = {}
+        for row, benchmark, dataset, key, _ in ROWS:
+            found = find_row(results, name, fp, benchmark, dataset)
+            if found is not None and value(found, key) is not None:
+                rows[row] = value(found, key)
+        out[name] = {"dim": encoder.dim, "bytes_per_token": size, "fingerprint": fp, "rows": rows}
+    return {"rows": [r[0] for r in ROWS], "models": out,
+            "note": "full-protocol rows (benchmarks/shipping.py); bytes per token: 2-bit index of the pooled corpus, "
+                    "text excluded"}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    v = sub.add_parser("verdict", help="print the rule's table for a candidate")
+    v.add_argument("--candidate", required=True, help="a shipped model's name")
+    c = sub.add_parser("cards", help="write agrame/models/cards.json from the result files")
+    c.add_argument("--out", type=Path, default=CARDS)
+    args = parser.parse_args(argv)
+    if args.what == "verdict":
+        print(render(args.candidate))
+        return
+    data = cards()
+    data["command"] = command_line("benchmarks.shipping", argv)
+    tmp = args.out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    tmp.replace(args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
