@@ -26,13 +26,17 @@ SETTINGS_FILE = "agrame.json"
 PROJECTION_FILE = "projection.safetensors"
 
 #: Models shipped inside the package (deltas over MiniLM, see agrame.delta), loadable by
-#: their folder name: ``squad-a1`` (the SQuAD-trained AGRaME model, the default until
-#: issue 13), ``zero-shot-128`` (untrained MiniLM with a 128-d principal projection).
+#: their folder name: ``gpu2100-agrame128`` (the default), ``squad-a1`` (the SQuAD-trained AGRaME
+#: model, the default until issue 13), ``zero-shot-128`` (untrained MiniLM with a 128-d principal
+#: projection), … (``agrame models`` lists them with their numbers).
 MODELS_DIR = Path(__file__).resolve().parent / "models"
-#: A trained model exported here becomes the default (``load_encoder()``); without one the
-#: default is zero-shot MiniLM, which every trained model so far was not better than across
-#: the benchmark suite (benchmarks/README.md, *Which model is the default*).
-SHIPPED_MODEL = MODELS_DIR / "default"
+#: The shipped model ``load_encoder()`` and every command load when no model is named: the 128-d
+#: GPU-trained student, which meets the shipping rule on every full-protocol row (benchmarks/README.md,
+#: *The shipping rule*). A later candidate replaces it by the same rule. An index records the model's
+#: own name, so indexes built with an earlier default keep loading that model.
+DEFAULT_MODEL = "gpu2100-agrame128"
+#: Where an exported model became the default before issue 51 (``default:…`` in old manifests).
+LEGACY_DEFAULT = "default"
 #: Marker names → vocabulary tokens. BERT vocabularies have unused rows, so no resize:
 #: [Q] and [D] are ColBERTv2's choice (keeps its checkpoints loadable), [Q'] is AGRaME's.
 DEFAULT_MARKERS: Dict[str, str] = {"Q": "[unused0]", "D": "[unused1]", "Q'": "[unused2]"}
@@ -418,11 +422,15 @@ BASE_MODELS = (ZERO_SHOT, E5_SMALL)
 
 
 def named_models() -> Dict[str, Path]:
-    """Shipped models by name (``agrame/models/<name>``; ``default`` is not a name, it is what
-    ``load_encoder()`` loads when present)."""
+    """Shipped models by name (``agrame/models/<name>``)."""
     if not MODELS_DIR.is_dir():
         return {}
-    return {p.name: p for p in sorted(MODELS_DIR.iterdir()) if p.name != "default" and is_delta(p)}
+    return {p.name: p for p in sorted(MODELS_DIR.iterdir()) if p.name != LEGACY_DEFAULT and is_delta(p)}
+
+
+def shipped_names() -> List[str]:
+    """Every name ``load_encoder`` takes without a folder: the base models, then the shipped ones."""
+    return [*BASE_MODELS, *named_models()]
 
 
 def named_model_with_fingerprint(fingerprint: str) -> Optional[str]:
@@ -626,19 +634,17 @@ def _load_pylate(path: Path) -> Encoder:
 def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder:
     """Load a model folder: AGRaME checkpoint, Stanford ColBERT or PyLate checkpoint, or plain HF model.
 
-    ``None`` loads the default model: a trained AGRaME delta exported to
-    ``agrame/models/default`` when present (rebuilt on the installed MiniLM and verified by
-    fingerprint), else — as now — zero-shot all-MiniLM-L6-v2. ``"zero-shot"`` names the
-    untrained all-MiniLM-L6-v2, ``"e5-small"`` multilingual-e5-small (``agrame[e5]``); a name from :func:`named_models` (``squad-a1``,
-    ``zero-shot-128``) a model shipped in the package, unless a folder of that name exists
-    here. A folder with ``delta.json`` is a delta model. Raises :class:`ModelError` for a
-    missing or malformed folder.
+    ``None`` loads the default model, :data:`DEFAULT_MODEL` (a shipped delta, rebuilt on the
+    installed MiniLM and verified by fingerprint). ``"zero-shot"`` names the untrained
+    all-MiniLM-L6-v2, ``"e5-small"`` multilingual-e5-small (``agrame[e5]``); a name from
+    :func:`named_models` (``gpu2100-agrame128``, ``squad-a1``, ``zero-shot-128``, …) a model shipped
+    in the package, unless a folder of that name exists here. A folder with ``delta.json`` is a
+    delta model. Raises :class:`ModelError` for a missing, malformed or damaged model (a name that
+    is not shipped lists the shipped ones).
     """
-    if path is None and is_delta(SHIPPED_MODEL):
-        encoder = load_delta(SHIPPED_MODEL)
-        encoder.source = "default:agrame-minilm"
-        return encoder.to(device)
-    if path is None or str(path) == ZERO_SHOT:
+    if path is None:
+        path = DEFAULT_MODEL
+    if str(path) == ZERO_SHOT:
         backbone, tokenizer = _load_backbone(default_model_path())
         return Encoder(backbone, tokenizer, zero_shot_settings(), None,
                        source="zero-shot:all-MiniLM-L6-v2").to(device)
@@ -652,8 +658,8 @@ def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder
         return encoder.to(device)
     path = Path(path)
     if not path.exists():
-        names = ", ".join([*BASE_MODELS, *named])
-        raise ModelError(f"model path {path} does not exist (shipped models by name: {names})")
+        raise ModelError(f"model {str(path)!r} does not exist: not a shipped model and no such folder "
+                         f"(shipped models: {', '.join(shipped_names())})")
     if not path.is_dir():
         raise ModelError(f"model path {path} is not a folder")
     if is_delta(path):
@@ -804,7 +810,11 @@ def load_delta(folder: str | Path, base_path: str | Path | None = None, verify: 
         raise ModelError(f"{folder}: expected {DELTA_FORMAT} with {FORMAT} settings")
     settings = EncoderSettings.from_json(settings_meta)
     backbone, tokenizer = _load_base(meta.get("base", BASE_MINILM), base_path)
-    tensors = load_file(str(folder / DELTA_FILE))
+    try:
+        tensors = load_file(str(folder / DELTA_FILE))
+    except Exception as exc:  # safetensors raises its own error type for a cut or garbled file
+        raise ModelError(f"{folder}: {DELTA_FILE} cannot be read (a half-copied or damaged model folder: "
+                         f"{exc})") from None
     state = backbone.state_dict()
     for key, value in tensors.items():
         kind, _, name = key.partition(".")

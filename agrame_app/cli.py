@@ -17,6 +17,7 @@ from typing import List, Optional, Sequence
 
 from agrame import __version__
 from agrame.io import FORMATS, MAX_PASSAGE_CHARS, read_passages, read_text
+from agrame_app.commands import models as models_command
 
 EXIT_USAGE = 2
 
@@ -75,17 +76,15 @@ def _finite_float(value: str) -> float:
 
 
 def _default_model_help() -> str:
-    from agrame.delta import is_delta
-    from agrame.encoder import SHIPPED_MODEL
+    from agrame.encoder import DEFAULT_MODEL, ZERO_SHOT
 
-    return ("default: the trained model in agrame/models/default" if is_delta(SHIPPED_MODEL)
-            else "default: zero-shot MiniLM (all-MiniLM-L6-v2, untrained)")
+    return f"default: {DEFAULT_MODEL}, the trained 128-d model; {ZERO_SHOT} for untrained MiniLM"
 
 
 def _model_names() -> str:
-    from agrame.encoder import BASE_MODELS, named_models
+    from agrame.encoder import shipped_names
 
-    return ", ".join([*BASE_MODELS, *named_models()])
+    return ", ".join(shipped_names())
 
 
 _DEFAULT_MODEL = _default_model_help()
@@ -290,6 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     compact.add_argument("--index", "-i", required=True, metavar="DIR", help="index folder")
     compact.add_argument("--lock-timeout", type=_nonnegative_float, default=0.0, metavar="SECONDS",
                          help="wait this long for another writer to finish (default: 0, fail at once)")
+    models_command.add_parser(sub)
+
     serve = sub.add_parser(
         "serve", help="serve an index over HTTP: search/rank/cite API and a web page (extra: serve)",
         description="An HTTP API (POST /search, /rank, /cite; GET /health) and a one-page web UI at / "
@@ -848,7 +849,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     handlers = {"rank": _cmd_rank, "index": _cmd_index, "search": _cmd_search, "evaluate": _cmd_evaluate, "qrels": _cmd_qrels,
                 "export": _cmd_export, "delete": _cmd_delete,
-                "compact": _cmd_compact, "explain": _cmd_explain, "serve": _cmd_serve, "cite": _cmd_cite}
+                "compact": _cmd_compact, "explain": _cmd_explain, "serve": _cmd_serve, "cite": _cmd_cite,
+                "models": models_command.run}
     try:
         _check_arguments(args)
         return handlers[args.command](args)

@@ -83,7 +83,7 @@ def add_model_args(parser, alpha_help: str = "α in S'(q,s) + α·S(q,p) (defaul
     """Options every ranking benchmark shares: sample, models, output file."""
     parser.add_argument("--limit", type=int, default=None, help="questions sampled (fixed seed); default all")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model", default=None, help="multi-vector model folder or shipped name (default: the package default, zero-shot MiniLM)")
+    parser.add_argument("--model", default=None, help="multi-vector model folder or shipped name (default: the package default, gpu2100-agrame128)")
     parser.add_argument("--alpha", type=float, default=alpha_default, help=alpha_help)
     parser.add_argument("--baseline-model", default=None,
                         help="Hugging Face folder for the single-vector/SubEncoder baselines (default: MiniLM)")

@@ -1,4 +1,5 @@
-"""Smoke test with the real default model (all-MiniLM-L6-v2 weights, zero-shot)."""
+"""Smoke tests with the real default model (gpu2100-agrame128, a delta over all-MiniLM-L6-v2) and the
+other shipped models."""
 
 from __future__ import annotations
 
@@ -36,17 +37,16 @@ def test_cite_example_cites_both_passages_for_the_mixed_sentence(capsys):
 
 
 @pytest.mark.slow
-def test_default_is_zero_shot_until_a_trained_model_ships_and_named_models_load_verified():
-    from agrame.delta import is_delta
-    from agrame.encoder import SHIPPED_MODEL, load_encoder, named_models
+def test_default_is_the_128d_student_and_named_models_load_verified():
+    from agrame.encoder import DEFAULT_MODEL, load_encoder, named_models
+    from agrame.index.format import model_name
 
     zero_shot = load_encoder("zero-shot")
     assert zero_shot.projection is None and zero_shot.source.startswith("zero-shot")
     default = load_encoder()
-    if is_delta(SHIPPED_MODEL):  # a trained default: rebuilt on MiniLM, fingerprint-verified
-        assert default.source == "default:agrame-minilm"
-    else:
-        assert default.fingerprint() == zero_shot.fingerprint()
+    # issue 51: the default is the shipped 128-d student, and an index built with it records its name
+    assert DEFAULT_MODEL == "gpu2100-agrame128" and model_name(default) == "gpu2100-agrame128"
+    assert default.fingerprint() == load_encoder("gpu2100-agrame128").fingerprint() != zero_shot.fingerprint()
     assert {"squad-a1", "zero-shot-128", "gpu2100-agrame", "gpu2100-agrame128"} <= set(named_models())
     gpu = load_encoder("gpu2100-agrame")  # rebuilt on MiniLM; a fingerprint mismatch raises
     # the fingerprint its full-protocol rows in benchmarks/results were measured with (tag gpu-agrame)
@@ -150,3 +150,103 @@ def test_rag_quickstart_example_retrieves_and_cites(tmp_path):
     first = [line for line in out.stdout.splitlines() if line.strip().startswith("1. [")][0]
     assert "curie-early-life" in first and "Warsaw" in first  # the birthplace sentence ranks first
     assert "→ curie-early-life" in out.stdout and "→ curie-chemistry" in out.stdout
+
+
+LEGACY_ZERO_SHOT = Path(__file__).resolve().parent / "data" / "index-zero-shot-main-2026-11-27"
+
+
+@pytest.mark.slow
+def test_a_folder_written_by_the_zero_shot_default_opens_and_searches_with_its_own_model(tmp_path, capsys):
+    """A copy of an index `agrame index` wrote before issue 51 (zero-shot MiniLM was the default;
+    built by the main of 2026-11-27 from examples/coral.jsonl): searched, explained and extended
+    without --model, with zero-shot MiniLM, and its results are zero-shot's."""
+    import shutil
+
+    from agrame.index import Index
+
+    path = tmp_path / "legacy"
+    shutil.copytree(LEGACY_ZERO_SHOT, path)
+    index = Index(path)
+    assert index.encoder.source.startswith("zero-shot") and index.encoder.dim == 384
+    hits = index.search("What causes coral bleaching?", granularity="sentence", top_k=1)
+    assert hits[0].passage_id == "coral-reefs" and hits[0].text.startswith("Warming ocean waters")
+    assert main(["search", "-i", str(path), "-g", "passage", "-f", "jsonl", "-k", "1", "bleaching corals"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["passage_id"] == "coral-reefs"
+    assert main(["explain", "-i", str(path), "--id", "coral-reefs", "-f", "json", "-q", "coral bleaching"]) == 0
+    capsys.readouterr()
+    new = tmp_path / "more.jsonl"
+    new.write_text(json.dumps({"id": "kelp", "text": "Kelp forests grow in cold, nutrient-rich water."}) + "\n")
+    assert main(["index", "--add", "-p", str(new), "-i", str(path)]) == 0
+    assert Index(path).search("kelp forests", granularity="passage", top_k=1)[0].passage_id == "kelp"
+
+
+@pytest.mark.slow
+def test_index_built_with_zero_shot_keeps_its_model_and_refuses_another_by_name(tmp_path, coral_file, capsys):
+    """--model zero-shot builds; search, explain, serve and --upsert then use zero-shot without being told;
+    a --model other than the index's is refused naming both (exit 2)."""
+    from fastapi.testclient import TestClient
+
+    from agrame_app.serve import create_app
+
+    path = tmp_path / "idx"
+    assert main(["index", "-p", str(coral_file), "-i", str(path), "--model", "zero-shot"]) == 0
+    assert json.loads((path / "manifest.json").read_text())["model"]["name"] == "zero-shot"
+    assert main(["search", "-i", str(path), "-g", "sentence", "-f", "jsonl", "-k", "1",
+                 "What causes coral bleaching?"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["text"].startswith("Warming ocean waters")
+    assert main(["search", "-i", str(path), "--model", "gpu2100-agrame128", "coral"]) == 2
+    err = capsys.readouterr().err
+    assert "built with model zero-shot" in err and "gpu2100-agrame128" in err
+    changed = tmp_path / "changed.jsonl"
+    changed.write_text(json.dumps({"id": "coral-reefs", "text": "Reefs bleach when the sea is too warm."}) + "\n")
+    assert main(["index", "--upsert", "-p", str(changed), "-i", str(path)]) == 0
+    assert main(["explain", "-i", str(path), "--id", "coral-reefs", "-f", "json", "-q", "warm sea"]) == 0
+    capsys.readouterr()
+    client = TestClient(create_app(str(path)))
+    health = client.get("/health").json()
+    assert health["model"].startswith("zero-shot")
+    top = client.post("/search", json={"query": "warm sea", "granularity": "passage", "top_k": 1}).json()
+    assert top["results"][0]["passage_id"] == "coral-reefs"
+
+
+@pytest.mark.slow
+def test_a_damaged_or_edited_model_folder_is_refused_by_its_fingerprint(tmp_path):
+    import shutil
+
+    from agrame.encoder import ModelError, load_encoder, named_models
+
+    half = tmp_path / "half"
+    shutil.copytree(named_models()["gpu2100-agrame128"], half)
+    data = (half / "delta.safetensors").read_bytes()
+    (half / "delta.safetensors").write_bytes(data[: len(data) // 2])  # a half-finished copy
+    with pytest.raises(ModelError, match="cannot be read"):
+        load_encoder(half)
+    edited = tmp_path / "edited"
+    shutil.copytree(named_models()["gpu2100-agrame128"], edited)
+    settings = json.loads((edited / "agrame.json").read_text())
+    settings["doc_maxlen"] = 128  # a document-side setting: another model than the one measured
+    (edited / "agrame.json").write_text(json.dumps(settings))
+    with pytest.raises(ModelError, match="fingerprint"):
+        load_encoder(edited)
+    assert main(["rank", "-m", str(half), "-q", "coral", "-p", "-"]) == 2
+
+
+def test_a_model_name_that_is_not_shipped_exits_2_listing_the_shipped_ones(capsys, coral_file):
+    assert main(["rank", "--model", "gpu9999-agrame", "-q", "coral", "-p", str(coral_file)]) == 2
+    err = capsys.readouterr().err
+    assert "gpu9999-agrame" in err and "gpu2100-agrame128" in err and "zero-shot" in err
+
+
+def test_models_lists_the_default_first_with_its_rows_beside_zero_shot(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    first = out.splitlines()[1]
+    assert first.startswith("gpu2100-agrame128 (default)") and " 128 " in first and "7648f802339c" in first
+    assert "squad-dev sentence P@1" in out and "zero-shot" in out
+    assert main(["models", "-f", "jsonl"]) == 0
+    listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    default = next(m for m in listed if m["default"])
+    zero = next(m for m in listed if m["name"] == "zero-shot")
+    assert default["dim"] == 128 and default["bytes_per_token"] <= 40 and zero["dim"] == 384
+    # each number comes from a committed result file (python -m benchmarks.shipping cards)
+    assert default["rows"]["squad-dev sentence P@1"] >= zero["rows"]["squad-dev sentence P@1"] + 3

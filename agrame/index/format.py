@@ -345,11 +345,10 @@ def model_name(encoder) -> str:
 
 
 def current_default_name() -> str:
-    """``model_name`` of what ``load_encoder()`` loads now: a shipped trained model, or zero-shot."""
-    from ..encoder import is_delta
-    from ..encoder import SHIPPED_MODEL
+    """``model_name`` of what ``load_encoder()`` loads now (a shipped model's name)."""
+    from ..encoder import DEFAULT_MODEL
 
-    return "default" if is_delta(SHIPPED_MODEL) else "zero-shot"
+    return DEFAULT_MODEL
 
 
 def model_block(encoder) -> dict:

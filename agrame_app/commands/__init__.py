@@ -1,0 +1,1 @@
+"""One module per ``agrame`` subcommand: its arguments beside its handler (``add_parser``, ``run``)."""

@@ -1,0 +1,78 @@
+"""``agrame models``: the shipped models, their size and their full-protocol rows beside zero-shot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "models", help="list the shipped models: dimension, index bytes per token, fingerprint, benchmark rows",
+        description="The models --model takes by name, the default first, with the numbers each was measured "
+                    "at on the full benchmark protocol beside zero-shot MiniLM (benchmarks/README.md, "
+                    "*The shipping rule*; written by python -m benchmarks.shipping cards).",
+        epilog="Example: agrame models; agrame models -f jsonl | jq .name",
+    )
+    p.add_argument("--format", "-f", choices=("table", "jsonl"), default="table",
+                   help="table for reading, jsonl for piping (default: table)")
+    return p
+
+
+def _cards() -> dict:
+    from agrame.encoder import MODELS_DIR
+
+    path = Path(MODELS_DIR) / "cards.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"rows": [], "models": {}}
+
+
+def models() -> List[Dict]:
+    """Every shipped name with what is known of it; a model the cards do not list yet has no rows."""
+    from agrame.encoder import DEFAULT_MODEL, named_models, shipped_names
+
+    cards = _cards()
+    out = []
+    for name in shipped_names():
+        card = dict(cards["models"].get(name, {}))
+        if not card.get("fingerprint") and name in named_models():
+            meta = json.loads((named_models()[name] / "delta.json").read_text())
+            card["fingerprint"] = str(meta.get("fingerprint", ""))[:12]
+        out.append({"name": name, "default": name == DEFAULT_MODEL, "dim": card.get("dim"),
+                    "bytes_per_token": card.get("bytes_per_token"), "fingerprint": card.get("fingerprint"),
+                    "rows": card.get("rows", {})})
+    out.sort(key=lambda m: not m["default"])
+    return out
+
+
+def _fmt(x) -> str:
+    return "—" if x is None else (f"{x:.1f}" if isinstance(x, float) else str(x))
+
+
+def run(args) -> int:
+    listed = models()
+    if args.format == "jsonl":
+        for m in listed:
+            print(json.dumps(m, ensure_ascii=False))
+        return 0
+    width = max(len(m["name"]) for m in listed) + 10
+    print(f"{'model':<{width}} {'dim':>4} {'B/token':>8}  fingerprint")
+    for m in listed:
+        label = m["name"] + (" (default)" if m["default"] else "")
+        print(f"{label:<{width}} {_fmt(m['dim']):>4} {_fmt(m['bytes_per_token']):>8}  {m['fingerprint'] or '—'}")
+    measured = [m for m in listed if m["rows"]]
+    rows = _cards()["rows"]
+    if measured and rows:
+        names = [m["name"] for m in measured]
+        first = max(len(r) for r in rows) + 2
+        print("\nfull-protocol rows (%; benchmarks/README.md, The shipping rule):", file=sys.stdout)
+        print(f"{'':<{first}}" + "".join(f"{n:>{max(10, len(n) + 2)}}" for n in names))
+        for r in rows:
+            print(f"{r:<{first}}" + "".join(f"{_fmt(m['rows'].get(r)):>{max(10, len(m['name']) + 2)}}"
+                                           for m in measured))
+    return 0
