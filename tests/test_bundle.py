@@ -140,7 +140,8 @@ def test_pack_from_a_runs_folder_takes_distill_records_scored_here_as_training_r
     for t in ("nq-dev", "trivia-dev", "wiki-claims"):
         (runs / f"distill-{t}.jsonl").write_text(distill.read_text())
     bundle.main(["pack", str(tmp_path / "b"), "--runs", str(runs), "--wheels", "none", "--limit-mib", "60",
-                 "--precision", "float32", "--mine", "none", "none", "--models", "agrame", "colbert"])
+                 "--precision", "float32", "--mine", "none", "none", "--ranking", "none", "none",
+                 "--models", "agrame", "colbert"])
     manifest = json.loads((tmp_path / "b" / "bundle.json").read_text())
     assert manifest["train"] == [["squad-labels.jsonl", 1], ["scifact-labels.jsonl", 4],
                                  ["distill-nq-dev-scored.jsonl", 1]]
@@ -430,3 +431,61 @@ def test_the_carried_wheels_satisfy_the_carried_transformers_pins():
     # every transformers < 4.58 (the project's range; the table read is the installed one's) asks
     # huggingface-hub < 1.0 and a floor at or below the carried pin
     assert pins["huggingface-hub"] in SpecifierSet(deps["huggingface-hub"][len("huggingface-hub"):])
+
+
+def test_one_candidate_at_a_set_batch_on_records_remixed_here_with_a_measured_saving_reserve(tmp_path, tiny_base):
+    """Issue 51's call: the ranking remixed at pack time (no scan there), one student trained alone for the
+    calibrated steps at --batch-size 4 with the square-root learning rate, the time kept for saving measured
+    on the calibration student; pack → run → unpack on the CPU."""
+    from training.data import read, write_jsonl
+    from training.mined import read_ranking, remix_records
+
+    train, distill = _records(tmp_path)
+    ranking = tmp_path / "ranking.jsonl"
+    ranking.write_text("".join(json.dumps({"qid": f"q{k}", "ranked": [3, 2, 1, 0]}) + "\n" for k in range(8)))
+    packed = tmp_path / "bundle"
+    manifest = bundle.pack(packed, train=[str(train)], distill=[str(distill)], models=["agrame", "colbert"],
+                           precision="float32", wheels="none", extra_args=TINY_ARGS, ranking=("train.jsonl", ranking),
+                           mined=1, say=lambda *_: None)
+    assert manifest["mine"] is None
+    assert manifest["mined_from"] == {"records": "train.jsonl", "ranking": "ranking.jsonl", "mined": 1, "questions": 8}
+    out, work = tmp_path / "OUT", tmp_path / "work"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "AGRAME_MINILM")}
+    done = subprocess.run(["bash", str(packed / "run.sh"), "--out", str(out), "--work", str(work), "--device", "cpu",
+                           "--threads", "1", "--models", "agrame", "--batch-size", "4", "--budget", "60",
+                           "--calibration-steps", "20"], cwd=tmp_path, env={**env, "PYTHON": sys.executable},
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    report = json.loads((out / "run.json").read_text())
+    # the records there are the packed ones remixed here: exactly what remix_records makes of them
+    remixed = tmp_path / "remixed.jsonl"
+    write_jsonl(remix_records(read(train), read_ranking(ranking), 1), remixed)
+    assert read(work / "data" / "train.jsonl") == read(remixed) != read(train)
+    assert "mining" not in report and not (out / "squad-ranking.jsonl").exists()
+    assert report["models"] == ["agrame"] and set(report["students"]) == {"agrame"}
+    assert report["batch_size"] == 4 and report["lr"] == pytest.approx(1e-4 * 2 ** 0.5, rel=1e-2)
+    assert report["steps"] >= 200 and report["question_steps"] == 4 * report["steps"]
+    assert report["saving_s"] > 0 and report["reserve_s"] == pytest.approx(max(15, 2 * report["saving_s"] + 10), abs=0.2)
+    settings = json.loads((work / "big" / "agrame" / "final" / "training.json").read_text())
+    assert settings["batch_size"] == 4 and settings["lr"] == pytest.approx(report["lr"])
+    assert set(bundle.unpack(out, tmp_path / "models", say=lambda *_: None)) == {"agrame"}
+
+
+def test_the_device_batch_and_its_learning_rate():
+    assert bundle.DEVICE_BATCH == 64 and bundle.scaled_lr(bundle.RECIPE, 64) == pytest.approx(2.83e-4)
+    assert bundle.scaled_lr(bundle.RECIPE, 8) == 1e-4 and bundle.recipe_value(bundle.RECIPE + ["--lr", "3e-4"], "--lr") == "3e-4"
+    assert bundle.reserve_for(1.0, 1) == 15.0 and bundle.reserve_for(20.0, 2) == 90.0
+
+
+def test_the_committed_ranking_is_refused_for_records_it_does_not_rank(tmp_path, tiny_base):
+    train, distill = _records(tmp_path)
+    with pytest.raises(BundleError, match="none of train.jsonl's 8 questions is ranked"):
+        bundle.pack(tmp_path / "b", train=[str(train)], distill=[], models=["agrame"], precision="float32",
+                    wheels="none", ranking=("train.jsonl", bundle.RANKING), say=lambda *_: None)
+    assert not (tmp_path / "b").exists()
+    with pytest.raises(BundleError, match="not both"):
+        bundle.pack(tmp_path / "b", train=[str(train)], distill=[], models=["agrame"], precision="float32",
+                    wheels="none", ranking=("train.jsonl", bundle.RANKING), mine=("train.jsonl", "zero-shot"),
+                    say=lambda *_: None)
+    ranked = bundle.RANKING
+    assert ranked.is_file() and ranked.stat().st_size < 2 * 2 ** 20  # 23,989 questions, 30 paragraphs each

@@ -334,6 +334,26 @@ def test_a_student_step_keeps_every_tensor_on_the_encoders_device(make_tiny_enco
         assert value.device.type == "meta" and value.shape == ()
 
 
+def test_a_batch_64_in_batch_step_keeps_every_tensor_on_one_device(make_tiny_encoder):
+    # the device call's batch (training.bundle.DEVICE_BATCH): 64 questions × their passages, one in-batch
+    # softmax over all 64 × 3 passages, under the mode that refuses mixed devices
+    from training.bundle import DEVICE_BATCH
+    from training.student import trainable_parameters
+
+    encoder = _meta_student(make_tiny_encoder)
+    batch = [record(q, order) for q, order in zip(("reefs", "tower", "corals", "paris") * 16,
+                                                   ([0, 1, 2], [2, 3, 0], [1, 2, 3], [3, 0, 1]) * 16)]
+    assert len(batch) == DEVICE_BATCH
+    optimizer = torch.optim.AdamW(trainable_parameters(encoder, layers=1), lr=2.83e-4)
+    scorer = StudentScorer(encoder, "Q'", in_batch=True)
+    with OneDeviceMode():
+        passage, _, _ = scorer(batch)
+        value = make_loss(scorer, MultiGranularKLLoss())(batch)
+        value.backward()
+        optimizer.step()
+    assert tuple(passage.shape) == (DEVICE_BATCH, DEVICE_BATCH * 3) and value.device.type == "meta"
+
+
 def test_held_out_rows_resume_after_an_interruption(tmp_path):
     from training.choose_mix import fingerprint, measure_rows
 

@@ -2,8 +2,8 @@
 
     python -m training.bundle pack .bundle --runs runs/big      # here: code, θ₀, records, wheels ≤ 64 MiB
     # on a lent GPU machine (no network; the folder travels with the work tree, `carry: [".bundle"]`):
-    bash .bundle/run.sh --out "$OUT" --budget 540              # teacher and mining, calibration, 3 students
-    bash .bundle/run.sh --out "$OUT" --mine-only --budget 240  # or the mining scan alone (README)
+    bash .bundle/run.sh --out "$OUT" --budget 540 --models agrame128   # the candidate alone, 64 questions a step
+    bash .bundle/run.sh --out "$OUT" --budget 540              # or every student side by side
     python -m training.bundle unpack RESULT --out runs/gpu     # here: θ₁ = θ₀ + Δ on the true weights, exported
 
 What travels (``pack``; refused, with the sizes named, before anything is written when it exceeds
@@ -14,11 +14,16 @@ backbone; the training records with each passage text stored once (by content ha
 wheels of transformers < 4.58, its tokenizers and huggingface-hub < 1.0 (the machine has
 transformers 5, which finds no ``[unused0]`` marker row) — and ``bundle.json``, the recipe.
 
+With ``--runs`` the SQuAD records are remixed *here* with the committed ranking of an earlier device call's
+scan (``training/rankings/``: each question's 4 mined + 3 BM25 negatives, as ``training.mined squad
+--ranking`` writes them), so the call spends nothing on mining (``--mine`` still packs a scan instead).
+
 What runs there (``run``, behind ``run.sh``): θ₀ rebuilt in float32 (``AGRAME_MINILM`` points every
-process at it), the distill records scored by the zero-shot teacher on the device beside the mining
-scan of the SQuAD records (exact MaxSim), whose ranking then gives each question 4 of its 7 negatives
-(``--mined``; the recipe's, the records as ``training.mined squad --ranking`` writes them), a short
-calibration of all students side by side, the step count that fits the time budget, the students
+process at it), the distill records scored by the zero-shot teacher on the device (beside a mining
+scan, when one was packed, whose ranking then gives each question 4 of its 7 negatives: ``--mined``),
+a short calibration of the students side by side at the call's batch size (64 questions a step on a
+GPU, the learning rate scaled by the square-root rule: :func:`scaled_lr`), which also measures what
+saving a student costs (the time kept for it), the step count that fits the time budget, the students
 trained side by side (``training/scale.sh``'s recipe: the candidate, its passage-only twin, the
 128-d candidate), and each one's change over θ₀ written to ``--out`` as files of at most 15 MiB:
 float16 differences of the changed matrices (float32: the tensors whole), changed embedding rows
@@ -63,6 +68,15 @@ MODELS = {"agrame": ("zero-shot", ["--dim", "0", "--sentence-marker", "Q'"]),
 #: transformers 4.48's import-time version check — the first device call stopped there), as wheels for
 #: the machine's Python (pure Python / abi3).
 WHEELS = ["transformers==4.48.2", "tokenizers==0.21.4", "huggingface-hub==0.36.2"]
+#: The mining ranking a bundle's SQuAD records are remixed with at pack time (training/rankings/README.md):
+#: the scan a device call would otherwise spend ~140 s on, made once by the call of 2026-11-27.
+RANKING = REPO / "training" / "rankings" / "squad-ranking-zero-shot-128.jsonl.xz"
+MINED = 4  # the recipe's mined negatives a question (of 7; the rest BM25's)
+#: The candidate a whole device call trains alone (issue 51: the default's successor).
+CANDIDATE = "agrame128"
+#: Questions a step on a device: the step is latency-bound at the recipe's 8 (0.17 s on an H200 with the
+#: GPU nearly idle), so 64 — one in-batch softmax over all of them — costs little more time a step.
+DEVICE_BATCH = 64
 _LOG_LINE = re.compile(r"(\S+ \S+) step (\d+) ")
 
 
@@ -348,16 +362,37 @@ def parse_data(specs: Sequence[str]) -> List[Tuple[str, Path, int]]:
     return out
 
 
+def remix_with_ranking(records: Path, ranking: Path, mined: int, folder: Path) -> Tuple[Path, int]:
+    """``records`` with ``mined`` of each question's negatives from ``ranking`` (JSONL, or xz of it), written to
+    ``folder`` under the same name; and how many questions the ranking covered."""
+    from .data import read, write_jsonl
+    from .mined import read_ranking, remix_records
+
+    if ranking.suffix == ".xz":
+        plain = folder / ranking.stem
+        plain.write_bytes(lzma.decompress(ranking.read_bytes()))
+        ranking = plain
+    ranked = read_ranking(ranking)
+    rows = read(records)
+    covered = sum(r.get("qid") in ranked for r in rows)
+    if not covered:
+        raise BundleError(f"--ranking {ranking.name}: none of {records.name}'s {len(rows)} questions is ranked there "
+                          "(another record set: remake it with training/scale.sh's data commands)")
+    out = folder / records.name
+    write_jsonl(remix_records(rows, ranked, mined), out)
+    return out, covered
+
+
 def pack(out: Path, *, train: Sequence[str], distill: Sequence[str], models: Sequence[str] = tuple(MODELS),
          precision: str = "float16", wheels: str = "download", limit_mib: Optional[float] = None,
-         extra_args: Sequence[str] = (), mine: Optional[Tuple[str, str]] = None, say=print) -> dict:
+         extra_args: Sequence[str] = (), mine: Optional[Tuple[str, str]] = None,
+         ranking: Optional[Tuple[str, Path]] = None, mined: int = MINED, say=print) -> dict:
     """Write the bundle folder ``out`` (a new folder, renamed into place); returns its manifest.
     ``limit_mib`` None: what the device call leaves beside the checkout that travels with it. ``mine``:
     ``(records file name, model)`` whose questions are ranked there against all its passages by
-    exact MaxSim (``training.mined exact-rank``), the recipe's mined negatives for a later run."""
-    from_checkout = limit_mib is None
-    if limit_mib is None:
-        limit_mib = LIMIT_MIB - travelling_bytes() / 2 ** 20
+    exact MaxSim (``training.mined exact-rank``), the recipe's mined negatives for a later run.
+    ``ranking``: ``(records file name, ranking file)``: that training file remixed here with ``mined``
+    negatives a question from an earlier scan's ranking (no scan there)."""
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         raise BundleError(f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
@@ -368,6 +403,34 @@ def pack(out: Path, *, train: Sequence[str], distill: Sequence[str], models: Seq
     names = [n for n, _, _ in train_files + distill_files]
     if len(set(names)) != len(names):
         raise BundleError(f"two data files share a name: {names}")
+    if mine is not None and ranking is not None:
+        raise BundleError("a mining scan there (--mine) or a ranking remixed here (--ranking), not both")
+    mined_from = None
+    scratch = Path(tempfile.mkdtemp(prefix="bundle-remix-"))
+    try:
+        if ranking is not None:
+            which = [i for i, (n, _, _) in enumerate(train_files) if n == ranking[0]]
+            if not which:
+                raise BundleError(f"--ranking {ranking[0]}: not one of the training files ({names})")
+            if not Path(ranking[1]).is_file():
+                raise BundleError(f"--ranking: {ranking[1]} not found")
+            name, path, copies = train_files[which[0]]
+            remixed, covered = remix_with_ranking(path, Path(ranking[1]), mined, scratch)
+            train_files[which[0]] = (name, remixed, copies)
+            mined_from = {"records": name, "ranking": Path(ranking[1]).name, "mined": mined, "questions": covered}
+            say(f"remixed {name} with {Path(ranking[1]).name}: {covered} questions, {mined} mined negatives each")
+        manifest = _pack(out, train_files, distill_files, models, precision, wheels, limit_mib, extra_args, mine,
+                         mined_from, started, say)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return manifest
+
+
+def _pack(out: Path, train_files, distill_files, models, precision, wheels, limit_mib, extra_args, mine,
+          mined_from, started, say) -> dict:
+    from_checkout = limit_mib is None
+    if limit_mib is None:
+        limit_mib = LIMIT_MIB - travelling_bytes() / 2 ** 20
     texts, slim = pack_records({n: p for n, p, _ in train_files + distill_files})
     parts: Dict[str, Dict[str, bytes]] = {"data": {"data/texts.jsonl.xz": texts,
                                                    **{f"data/{n}.slim.xz": b for n, b in slim.items()}}}
@@ -385,6 +448,7 @@ def pack(out: Path, *, train: Sequence[str], distill: Sequence[str], models: Seq
                 "recipe": RECIPE + list(extra_args),
                 "models": {m: {"start": MODELS[m][0], "args": MODELS[m][1]} for m in models},
                 "mine": None if mine is None else {"records": mine[0], "model": mine[1]},
+                "mined_from": mined_from,
                 "sizes": {k: sum(len(b) for b in v.values()) for k, v in parts.items()}}
     parts["manifest"] = {"bundle.json": json.dumps(manifest, indent=2).encode()}
     total = sum(len(b) for v in parts.values() for b in v.values())
@@ -479,10 +543,48 @@ def steps_for(seconds_left: float, per_step: float, *, low: int = 200, high: int
     return max(low, min(high, fit))
 
 
-def _student_args(manifest: dict, model: str, work: Path, data: List[str], device: str) -> List[str]:
+def recipe_value(recipe: Sequence[str], flag: str) -> str:
+    """The last value ``recipe`` gives ``flag`` (later arguments win, as argparse reads them)."""
+    values = [b for a, b in zip(recipe, recipe[1:]) if a == flag]
+    if not values:
+        raise BundleError(f"the recipe has no {flag}")
+    return values[-1]
+
+
+def scaled_lr(recipe: Sequence[str], batch_size: int) -> float:
+    """The recipe's learning rate for ``batch_size`` questions a step: the square-root rule for Adam-type
+    optimizers (lr ∝ √batch; Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive Gradient
+    Algorithms", §4; Granziol et al. 2022) from the recipe's own (batch 8, lr 1e-4, chosen on the CPU
+    runs): 64 questions → 2.83e-4. Not tuned on any reported split; the device call's loss curve is the check."""
+    base_batch, base_lr = int(recipe_value(recipe, "--batch-size")), float(recipe_value(recipe, "--lr"))
+    return float(f"{base_lr * (batch_size / base_batch) ** 0.5:.3g}")
+
+
+def _student_args(manifest: dict, model: str, work: Path, data: List[str], device: str,
+                  batch: Optional[Tuple[int, float]] = None) -> List[str]:
     spec = manifest["models"][model]
-    return (["--init-model", str(work / "starts" / spec["start"])] + spec["args"] + manifest["recipe"]
+    shape = ["--batch-size", str(batch[0]), "--lr", f"{batch[1]:g}"] if batch else []  # after the recipe: they win
+    return (["--init-model", str(work / "starts" / spec["start"])] + spec["args"] + manifest["recipe"] + shape
             + ["--device", device, "--data", *data])
+
+
+def saving_seconds(run_dir: Path, base: Path, manifest: dict, name: str, scratch: Path) -> float:
+    """What saving one student costs, measured on a calibration run: its final save (the last logged step to
+    the newest file of ``final/``) plus packing its change over θ₀ (:func:`pack_student`, timed into ``scratch``)."""
+    times = [datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
+             for m in map(_LOG_LINE.match, (run_dir / "train.log").read_text().splitlines()) if m]
+    final = run_dir / "final"
+    saved = max(f.stat().st_mtime for f in final.iterdir()) if final.is_dir() else None
+    save = max(0.0, saved - times[-1].timestamp()) if times and saved else 0.0
+    t0 = time.time()
+    pack_student(run_dir, base, scratch, name, manifest)
+    return save + time.time() - t0
+
+
+def reserve_for(saving: float, models: int) -> float:
+    """Seconds kept for saving and packing after training: the measured cost of every student's (packing is
+    one after another) twice over, and 10 s more for the report — at least 15 s."""
+    return max(15.0, 2 * saving * models + 10)
 
 
 def _cores_each(processes: int) -> str:
@@ -549,19 +651,32 @@ def run(bundle: Path, out: Path, work: Path, **kwargs) -> dict:
 
 def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: float = 540.0,
          steps: Optional[int] = None, calibration_steps: int = 40, models: Optional[Sequence[str]] = None,
-         threads: Optional[int] = None, mine_only: bool = False, mined: int = 4, say=print) -> dict:
+         threads: Optional[int] = None, mine_only: bool = False, mined: int = 4,
+         batch_size: Optional[int] = None, lr: Optional[float] = None, say=print) -> dict:
     """Everything the device machine does, in ``budget`` seconds (the teacher, calibration and training).
 
     ``mined``: with a mining scan in the bundle, the students train on its records with that many of each
     question's negatives taken from the scan's ranking (the recipe's 4 mined + 3 BM25;
     ``training.mined.remix_records``) — the scan is waited for at the teacher stage's deadline, and a
     scan not done by then is stopped and the records are used as packed (the report says so). 0: as
-    packed, the ranking only brought back. ``mine_only``: the mining scan alone (a short call)."""
+    packed, the ranking only brought back. ``mine_only``: the mining scan alone (a short call).
+    ``batch_size``: questions a step (default: :data:`DEVICE_BATCH` on a GPU, the recipe's on the CPU), with
+    ``lr`` (default: the recipe's scaled by :func:`scaled_lr`). The time kept for saving is measured on the
+    calibration students (:func:`saving_seconds`), not fixed."""
     t0 = time.time()
     elapsed = lambda: round(time.time() - t0, 1)  # noqa: E731
     out.mkdir(parents=True, exist_ok=True)
     manifest = setup(bundle, work)
     models = list(models or manifest["models"])
+    unknown = [m for m in models if m not in manifest["models"]]
+    if unknown:
+        raise BundleError(f"--models {' '.join(unknown)}: the bundle holds {', '.join(manifest['models'])}")
+    recipe_batch = int(recipe_value(manifest["recipe"], "--batch-size"))
+    if batch_size is None:
+        batch_size = DEVICE_BATCH if str(device).startswith("cuda") else recipe_batch
+    if lr is None:
+        lr = scaled_lr(manifest["recipe"], batch_size)
+    shape = (batch_size, lr)
     env = {**os.environ, "AGRAME_MINILM": str(work / "base"), "PYTHONUNBUFFERED": "1",
            "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": os.pathsep.join(
                [str(bundle / "code")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
@@ -569,6 +684,7 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
         env["OMP_NUM_THREADS"] = str(threads)
     report = {"bundle": manifest["created"], "base_fingerprint": manifest["base_fingerprint"], "device": device,
               "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+              "models": models, "batch_size": batch_size, "lr": lr, "mined_from": manifest.get("mined_from"),
               "setup_s": elapsed()}
     say(f"setup at {elapsed()} s")
     data = [str(work / "data" / n) + f"@{c}" for n, c in manifest["train"]]
@@ -618,25 +734,31 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
     progress("calibration")
     if steps is None:
         cal = work / "cal"
-        codes = _side_by_side({m: ["-m", "training.student", *_student_args(manifest, m, work, data, device),
+        codes = _side_by_side({m: ["-m", "training.student", *_student_args(manifest, m, work, data, device, shape),
                                    "--steps", str(calibration_steps), "--out", str(cal / m)] for m in models},
                               work / "logs" / "cal", env, deadline=t0 + budget * 0.75)
         if any(codes.values()):
             raise BundleError(f"calibration failed: {codes} (logs in {work / 'logs' / 'cal'})")
         per_step = max(seconds_per_step(cal / m / "train.log") for m in models)
-        left = budget - (time.time() - t0) - 75  # saving and packing
+        saving = max(saving_seconds(cal / m, work / "base", manifest, m, work / "cal-packed") for m in models)
+        shutil.rmtree(work / "cal-packed", ignore_errors=True)
+        reserve = reserve_for(saving, len(models))
+        left = budget - (time.time() - t0) - reserve
         steps = steps_for(left, per_step)
-        report.update(calibration_steps=calibration_steps, seconds_per_step=round(per_step, 4), steps=steps)
-        say(f"calibrated at {elapsed()} s: {per_step:.3f} s a step for {len(models)} side by side; {steps} steps")
+        report.update(calibration_steps=calibration_steps, seconds_per_step=round(per_step, 4), steps=steps,
+                      saving_s=round(saving, 1), reserve_s=round(reserve, 1))
+        say(f"calibrated at {elapsed()} s: {per_step:.3f} s a step for {len(models)} side by side at batch "
+            f"{batch_size}; saving {saving:.1f} s a student, {reserve:.0f} s kept; {steps} steps")
         minutes = ["--minutes", f"{max(0.5, left / 60):.2f}"]
     else:
         report["steps"] = steps
         minutes = []
     progress("training")
-    codes = _side_by_side({m: ["-m", "training.student", *_student_args(manifest, m, work, data, device),
+    codes = _side_by_side({m: ["-m", "training.student", *_student_args(manifest, m, work, data, device, shape),
                                "--steps", str(steps), *minutes, "--out", str(work / "big" / m)] for m in models},
                           work / "logs" / "train", env)
     report["trained_s"] = elapsed()
+    report["question_steps"] = steps * batch_size  # a student's questions seen (issue 51's aim: ≥ 80,000)
     report["students"] = {}
     for m in models:
         final = work / "big" / m / "final"
@@ -652,6 +774,7 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
         say(f"mining: exit {report['mining']['exit']}"
             + (", stopped at the deadline" if report["mining"]["stopped_at_deadline"] else ""))
     report["done_s"] = elapsed()
+    report["unused_s"] = round(budget - report["done_s"], 1)  # what the reserve left over (the next call's check)
     (out / "run.json").write_text(json.dumps(report, indent=2) + "\n")
     say(f"done at {elapsed()} s")
     return report
@@ -838,8 +961,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                    help=f"largest bundle (default: {LIMIT_MIB} MiB less the checkout that travels beside it)")
     p.add_argument("--extra-args", default="", help="student arguments after the recipe's (tests: a tiny model)")
     p.add_argument("--mine", nargs=2, metavar=("RECORDS", "MODEL"), default=None,
-                   help="rank RECORDS' questions against all their passages with MODEL there (default with --runs: "
-                        "squad-labels.jsonl zero-shot-128, the recipe's mining model); 'none' 'none': no mining")
+                   help="rank RECORDS' questions against all their passages with MODEL there (a scan in the call); "
+                        "'none' 'none': no mining")
+    p.add_argument("--ranking", nargs=2, metavar=("RECORDS", "FILE"), default=None,
+                   help="remix RECORDS here with FILE's ranking (the recipe's mined negatives; no scan there). "
+                        f"Default with --runs and without --mine: squad-labels.jsonl {RANKING.relative_to(REPO)}; "
+                        "'none' 'none': the records as they are")
     r = sub.add_parser("run", help="on the device machine (run.sh calls it)")
     r.add_argument("--bundle", type=Path, required=True)
     r.add_argument("--out", type=Path, required=True, help="where the result files go ($OUT)")
@@ -848,7 +975,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     r.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run")
     r.add_argument("--steps", type=int, default=None, help="train this many steps (no calibration)")
     r.add_argument("--calibration-steps", type=int, default=40)
-    r.add_argument("--models", nargs="+", default=None)
+    r.add_argument("--models", nargs="+", default=None,
+                   help=f"the students to train (default: all the bundle holds); --models {CANDIDATE} trains the "
+                        "candidate alone for the whole call")
+    r.add_argument("--batch-size", type=int, default=None,
+                   help=f"questions a step (default: {DEVICE_BATCH} on a GPU, the recipe's 8 on the CPU)")
+    r.add_argument("--lr", type=float, default=None,
+                   help="learning rate (default: the recipe's 1e-4 scaled by √(batch / 8), the square-root rule)")
     r.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of each process")
     r.add_argument("--mine-only", action="store_true",
                    help="the mining scan alone (a short call; its ranking comes back)")
@@ -862,6 +995,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser.parse_args(argv)
     if args.command == "run" and args.mined < 0:
         parser.error(f"--mined {args.mined}: the negatives taken from the ranking, 0 or more")
+    if args.command == "run" and args.batch_size is not None and args.batch_size < 1:
+        parser.error(f"--batch-size {args.batch_size}: at least 1 question a step")
+    if args.command == "run" and args.lr is not None and not args.lr > 0:
+        parser.error(f"--lr {args.lr}: a positive learning rate")
     try:
         if args.command == "pack":
             train, distill = list(args.train), list(args.distill)
@@ -877,14 +1014,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         distill.append(str(args.runs / f"distill-{t}.jsonl"))
             if not train:
                 raise BundleError("no training records (--runs R or --train FILE…)")
-            mine = tuple(args.mine) if args.mine else (("squad-labels.jsonl", "zero-shot-128") if args.runs else None)
+            mine = tuple(args.mine) if args.mine and tuple(args.mine) != ("none", "none") else None
+            ranking = tuple(args.ranking) if args.ranking else (
+                ("squad-labels.jsonl", RANKING) if args.runs and mine is None else None)
             pack(args.out, train=train, distill=distill, models=args.models, precision=args.precision,
-                 wheels=args.wheels, limit_mib=args.limit_mib, extra_args=args.extra_args.split(),
-                 mine=None if mine == ("none", "none") else mine)
+                 wheels=args.wheels, limit_mib=args.limit_mib, extra_args=args.extra_args.split(), mine=mine,
+                 ranking=None if ranking == ("none", "none") else (ranking[0], Path(ranking[1])) if ranking else None)
         elif args.command == "run":
             run(args.bundle, args.out, args.work, device=args.device, budget=args.budget, steps=args.steps,
                 calibration_steps=args.calibration_steps, models=args.models, threads=args.threads,
-                mine_only=args.mine_only, mined=args.mined)
+                mine_only=args.mine_only, mined=args.mined, batch_size=args.batch_size, lr=args.lr)
         else:
             unpack(args.result, args.out, export=not args.no_export)
     except BundleError as exc:

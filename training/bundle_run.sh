@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A training bundle's entry point on the GPU machine (python -m training.bundle pack copies it in as run.sh):
-#   bash .bundle/run.sh --out "$OUT" [--device cuda] [--budget 540] [--steps N] [--models agrame colbert agrame128]
+#   bash .bundle/run.sh --out "$OUT" [--device cuda] [--budget 540] [--steps N] [--models agrame128] [--batch-size 64]
 # installs the bundle's wheels (transformers < 4.58, tokenizers) into a folder first on PYTHONPATH, then runs
 # python -m training.bundle run from the bundle's own code. PYTHON picks the interpreter (default python3).
 set -euo pipefail

@@ -200,19 +200,21 @@ class StudentScorer(nn.Module):
             seg_ids[i, :len(seg)] = torch.where(keep, seg, torch.full_like(seg, -1))
         return ids, mask, doc_mask, seg_ids, max(n_sent), width
 
-    def encode_passages(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def encode_passages(self, ids: torch.Tensor, mask: torch.Tensor,
+                        lengths: Optional[Sequence[int]] = None) -> torch.Tensor:
         """Token vectors ``[N, width, dim]`` of padded passages, encoded in length groups (zeros
-        past each passage's group width, where ``mask`` is 0 anyway)."""
-        lengths = mask.sum(dim=1)
+        past each passage's group width, where ``mask`` is 0 anyway). ``lengths``: each passage's
+        tokens, known on the host (read from ``mask`` otherwise: a device-to-host copy a step)."""
         if self.buckets == 1 or len(ids) < 2 * self.buckets:
             return self.encoder(ids, mask, detach_embeddings=True)
-        order = torch.argsort(lengths).tolist()
+        lengths = [int(n) for n in (mask.sum(dim=1).tolist() if lengths is None else lengths)]
+        order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
         size = -(-len(order) // self.buckets)
         parts, done = [], []
         for start in range(0, len(order), size):
             group = order[start:start + size]
             rows = torch.tensor(group, device=ids.device)
-            w = int(lengths[group].max())
+            w = max(lengths[i] for i in group)
             out = self.encoder(ids[rows, :w], mask[rows, :w], detach_embeddings=True)
             parts.append(nn.functional.pad(out, (0, 0, 0, ids.shape[1] - w)))
             done.extend(group)
@@ -247,11 +249,12 @@ class StudentScorer(nn.Module):
             qs, qs_mask = self.query_vectors(questions, self.sentence_marker)
         flat = [p for r in batch for p in r["passages"]]
         ids, mask, doc_mask, seg_ids, n_sent, width = self.passage_batch(flat)
+        lengths = mask.sum(dim=1).tolist()  # on the host, before the copy: no device sync to group by length
         dev = self.device
         ids, mask, doc_mask, seg_ids = ids.to(dev), mask.to(dev), doc_mask.to(dev), seg_ids.to(dev)
         # Passages hold no trained marker: no gradient into the embeddings, so the frozen lower
         # layers are never back-propagated through for them (the costly side of a step).
-        docs = self.encode_passages(ids, mask).reshape(len(batch), n_p, width, -1)
+        docs = self.encode_passages(ids, mask, lengths).reshape(len(batch), n_p, width, -1)
         doc_mask = doc_mask.reshape(len(batch), n_p, width)
         seg_ids = seg_ids.reshape(len(batch), n_p, width)
         return late_interaction(q, q_mask, None if qs is q else qs, qs_mask, docs, doc_mask, seg_ids, n_sent,
