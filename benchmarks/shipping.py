@@ -4,7 +4,8 @@
     python -m benchmarks.shipping verdict --candidate gpu2100-agrame128
     python -m benchmarks.shipping cards                            # agrame/models/cards.json (agrame models)
 
-The rule (issue 51, written down before its rows were measured). A candidate may be the default when,
+The rule (issue 51; written down before the per-question rows and the WiCE evidence row were measured —
+the aggregate rows of earlier rounds were known, the issue quotes them). A candidate may be the default when,
 on every full-protocol row below, its value minus zero-shot MiniLM's on the same questions (d, in
 points) passes:
 
