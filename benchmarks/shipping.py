@@ -67,7 +67,7 @@ MODEL_TAGS: Dict[str, Tuple[str, ...]] = {
     "gpu2100-agrame128": ("ship-gpu2100-agrame128", "gpu-agrame128-g2000"),
     "gpu2100-agrame": ("ship-gpu2100-agrame", "gpu-agrame"),
     "zero-shot-128": ("ship-zero-shot-128", "zeroshot-128"),
-    "squad-a1": ("ship-squad-a1", "agrame-A1"),
+    "squad-a1": ("ship-squad-a1", "shipped", "agrame-A1"),
     "e5-kd-128": ("ship-e5-kd-128", "e5-kd-128"),
     "e5-small": ("ship-e5-small", "e5-small"),
 }
