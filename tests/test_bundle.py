@@ -489,3 +489,20 @@ def test_the_committed_ranking_is_refused_for_records_it_does_not_rank(tmp_path,
                     say=lambda *_: None)
     ranked = bundle.RANKING
     assert ranked.is_file() and ranked.stat().st_size < 2 * 2 ** 20  # 23,989 questions, 30 paragraphs each
+
+
+def test_pack_from_a_runs_folder_remixes_with_the_committed_ranking_by_default(tmp_path, tiny_base, capsys):
+    # without --ranking or --mine, --runs means the committed ranking: records it does not rank are refused (exit 2)
+    train, distill = _records(tmp_path)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for name in ("squad-labels", "scifact-labels"):
+        (runs / f"{name}.jsonl").write_text(train.read_text())
+    for t in ("nq-dev", "trivia-dev", "wiki-claims"):
+        (runs / f"distill-{t}.jsonl").write_text(distill.read_text())
+    with pytest.raises(SystemExit) as stop:
+        bundle.main(["pack", str(tmp_path / "b"), "--runs", str(runs), "--wheels", "none", "--limit-mib", "60",
+                     "--precision", "float32", "--models", "agrame"])
+    assert stop.value.code == 2 and not (tmp_path / "b").exists()
+    err = capsys.readouterr().err
+    assert "squad-ranking-zero-shot-128.jsonl" in err and "none of squad-labels.jsonl's 8 questions is ranked" in err
