@@ -70,19 +70,15 @@ def citation_scores(cases: Iterable[tuple]) -> Dict[str, float]:
     hits: List[float] = []
     unsupported: List[float] = []
     for cited, gold_sets in cases:
-        cited = set(cited)
-        gold_sets = [set(g) for g in gold_sets if g]
-        union = set().union(*gold_sets) if gold_sets else set()
-        n_cited += len(cited)
-        n_right += len(cited & union)
-        if gold_sets:
-            recalls.append(max(len(cited & g) / len(g) for g in gold_sets))
-            hits.append(float(bool(cited & union)))
+        cited_n, right_n, recall = citation_claim_counts(cited, gold_sets)
+        n_cited += cited_n
+        n_right += right_n
+        if recall is not None:
+            recalls.append(recall)
+            hits.append(float(right_n > 0))
         else:
-            unsupported.append(float(not cited))
-    precision = 100.0 * n_right / n_cited if n_cited else 0.0
-    recall = mean(recalls) if recalls else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+            unsupported.append(float(not cited_n))
+    precision, recall, f1 = precision_recall_f1(n_cited, n_right, sum(recalls), len(recalls))
     return {"precision": round(precision, 1), "recall": round(recall, 1), "f1": round(f1, 1),
             "any_gold": round(mean(hits), 1) if hits else float("nan"),
             "uncited_unsupported": round(mean(unsupported), 1) if unsupported else float("nan"),
@@ -101,14 +97,17 @@ def per_question(ids: Sequence[str], rows: Sequence[Dict[str, float]],
     return out
 
 
-def _f1_of_sums(n_cited, n_right, recall_sum, n_supported):
-    """Citation F1 (in %) from the sums :func:`citation_scores` accumulates; arrays broadcast."""
+def precision_recall_f1(n_cited, n_right, recall_sum, n_supported):
+    """Citation precision, recall and F1 (in %) from the sums over claims (micro precision, recall averaged
+    over the supported claims); numbers or arrays of them (the paired test's swaps), which broadcast."""
     import numpy as np
 
-    precision = 100.0 * np.divide(n_right, n_cited, out=np.zeros_like(n_right, dtype=float), where=n_cited > 0)
-    recall = 100.0 * recall_sum / n_supported if n_supported else np.zeros_like(precision)
+    n_cited, n_right = np.asarray(n_cited, dtype=float), np.asarray(n_right, dtype=float)
+    precision = 100.0 * np.divide(n_right, n_cited, out=np.zeros_like(n_right), where=n_cited > 0)
+    recall = 100.0 * np.asarray(recall_sum, dtype=float) / n_supported if n_supported else np.zeros_like(precision)
     total = precision + recall
-    return np.divide(2 * precision * recall, total, out=np.zeros_like(total, dtype=float), where=total > 0)
+    f1 = np.divide(2 * precision * recall, total, out=np.zeros_like(total), where=total > 0)
+    return (float(precision), float(recall), float(f1)) if np.ndim(f1) == 0 else (precision, recall, f1)
 
 
 def citation_claim_counts(cited, gold_sets) -> list:
@@ -158,7 +157,7 @@ def paired_test(candidate: Sequence, baseline: Sequence, kind: str = "mean", tri
         b[:, 2] = np.where(supported, b[:, 2], 0.0)
 
         def f1(rows):
-            return _f1_of_sums(rows[..., 0].sum(-1), rows[..., 1].sum(-1), rows[..., 2].sum(-1), n_sup)
+            return precision_recall_f1(rows[..., 0].sum(-1), rows[..., 1].sum(-1), rows[..., 2].sum(-1), n_sup)[2]
 
         observed = float(f1(a) - f1(b))
         swap = rng.random((trials, n)) < 0.5

@@ -114,10 +114,14 @@ def _full_protocol(row: dict, benchmark: str, dataset: str) -> bool:
     return sample.get("questions") == sample.get("of")
 
 
-def find_row(results: Path, model: str, fp: str, benchmark: str, dataset: str) -> Optional[dict]:
+def load_rows(results: Path) -> List[dict]:
+    """Every result file of the benchmarks the rule reads (read once; :func:`find_row` picks among them)."""
+    return [r for b in sorted({row[1] for row in ROWS}) for r in _load(results, f"{b}-*.json")]
+
+
+def find_row(rows: Sequence[dict], model: str, fp: str, benchmark: str, dataset: str) -> Optional[dict]:
     """The model's full-protocol result of one benchmark and dataset: its first tag that has one."""
-    rows = [r for r in _load(results, f"{benchmark}-*.json") if _full_protocol(r, benchmark, dataset)
-            and str(r.get("fingerprint", ""))[:12] == fp]
+    rows = [r for r in rows if _full_protocol(r, benchmark, dataset) and str(r.get("fingerprint", ""))[:12] == fp]
     for tag in MODEL_TAGS.get(model, (f"ship-{model}",)):
         found = [r for r in rows if r.get("tag") == tag]
         if found:
@@ -175,10 +179,11 @@ def judge_row(cand: Optional[dict], zero: Optional[dict], key: str, bound: float
 
 def verdict(candidate: str, results: Path = RESULTS) -> List[dict]:
     fps = {m: fingerprint(m) for m in (candidate, "zero-shot")}
+    found = load_rows(results)
     rows = []
     for name, benchmark, dataset, key, bound in ROWS:
-        cand = find_row(results, candidate, fps[candidate], benchmark, dataset)
-        zero = find_row(results, "zero-shot", fps["zero-shot"], benchmark, dataset)
+        cand = find_row(found, candidate, fps[candidate], benchmark, dataset)
+        zero = find_row(found, "zero-shot", fps["zero-shot"], benchmark, dataset)
         rows.append({"row": name, "bound": bound, **judge_row(cand, zero, key, bound),
                      "files": [r["_file"] if r else None for r in (cand, zero)]})
     return rows
@@ -206,6 +211,8 @@ def cards(results: Path = RESULTS) -> dict:
     """What ``agrame models`` prints: each shipped model's dimension, index size, fingerprint and rows."""
     from agrame.encoder import ModelError, load_encoder, named_models
 
+    loaded = load_rows(results)
+    size_rows = {r["_file"]: r for r in _load(results, "index_search-size-2b*.json")}
     out: Dict[str, dict] = {}
     for name in ("zero-shot", "e5-small", *named_models()):
         try:
@@ -213,17 +220,15 @@ def cards(results: Path = RESULTS) -> dict:
         except ModelError:  # e5-small without agrame[e5]
             continue
         fp = encoder.fingerprint()[:12]
-        size = None
-        sizes = [r for r in _load(results, "index_search-size-2b*.json")
-                 if r["_file"] in {f"index_search-size-2b-{t}.json" for t in SIZE_TAGS.get(name, ())}]
-        if sizes:
-            size = sizes[-1]["bytes_per_token_text_excluded"]
+        sizes = [size_rows[f] for f in (f"index_search-size-2b-{t}.json" for t in SIZE_TAGS.get(name, ()))
+                 if f in size_rows]
         rows = {}
         for row, benchmark, dataset, key, _ in ROWS:
-            found = find_row(results, name, fp, benchmark, dataset)
-            if found is not None and value(found, key) is not None:
-                rows[row] = value(found, key)
-        out[name] = {"dim": encoder.dim, "bytes_per_token": size, "fingerprint": fp, "rows": rows}
+            found = value(find_row(loaded, name, fp, benchmark, dataset), key)
+            if found is not None:
+                rows[row] = found
+        out[name] = {"dim": encoder.dim, "bytes_per_token": sizes[0]["bytes_per_token_text_excluded"] if sizes else None,
+                     "fingerprint": fp, "rows": rows}
     return {"rows": [r[0] for r in ROWS], "models": out,
             "note": "full-protocol rows (benchmarks/shipping.py); bytes per token: 2-bit index of the pooled corpus, "
                     "text excluded"}
@@ -238,7 +243,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     c.add_argument("--out", type=Path, default=CARDS)
     args = parser.parse_args(argv)
     if args.what == "verdict":
-        print(render(args.candidate))
+        from agrame.encoder import ModelError
+
+        try:
+            print(render(args.candidate))
+        except ModelError as exc:
+            parser.exit(2, f"error: --candidate: {exc}\n")
         return
     data = cards()
     data["command"] = command_line("benchmarks.shipping", argv)

@@ -523,13 +523,19 @@ def setup(bundle: Path, work: Path) -> dict:
     return manifest
 
 
-def seconds_per_step(log: Path) -> float:
-    """Seconds a step between the first and the last step a ``train.log`` records."""
+def step_times(log: Path) -> Dict[int, datetime.datetime]:
+    """When each step a ``train.log`` records was logged."""
     times = {}
     for line in log.read_text().splitlines():
         m = _LOG_LINE.match(line)
         if m:
             times[int(m.group(2))] = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
+    return times
+
+
+def seconds_per_step(log: Path) -> float:
+    """Seconds a step between the first and the last step a ``train.log`` records."""
+    times = step_times(log)
     if len(times) < 2:
         raise BundleError(f"{log}: fewer than two logged steps to time")
     a, b = min(times), max(times)
@@ -560,6 +566,15 @@ def scaled_lr(recipe: Sequence[str], batch_size: int) -> float:
     return float(f"{base_lr * (batch_size / base_batch) ** 0.5:.3g}")
 
 
+def batch_shape(recipe: Sequence[str], device: str, batch_size: Optional[int] = None,
+                lr: Optional[float] = None) -> Tuple[int, float]:
+    """``(questions a step, learning rate)`` of a call: :data:`DEVICE_BATCH` on a GPU and the recipe's batch
+    elsewhere unless given, the learning rate :func:`scaled_lr` to it unless given."""
+    if batch_size is None:
+        batch_size = DEVICE_BATCH if str(device).startswith("cuda") else int(recipe_value(recipe, "--batch-size"))
+    return batch_size, scaled_lr(recipe, batch_size) if lr is None else lr
+
+
 def _student_args(manifest: dict, model: str, work: Path, data: List[str], device: str,
                   batch: Optional[Tuple[int, float]] = None) -> List[str]:
     spec = manifest["models"][model]
@@ -571,11 +586,10 @@ def _student_args(manifest: dict, model: str, work: Path, data: List[str], devic
 def saving_seconds(run_dir: Path, base: Path, manifest: dict, name: str, scratch: Path) -> float:
     """What saving one student costs, measured on a calibration run: its final save (the last logged step to
     the newest file of ``final/``) plus packing its change over θ₀ (:func:`pack_student`, timed into ``scratch``)."""
-    times = [datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
-             for m in map(_LOG_LINE.match, (run_dir / "train.log").read_text().splitlines()) if m]
+    times = step_times(run_dir / "train.log")
     final = run_dir / "final"
     saved = max(f.stat().st_mtime for f in final.iterdir()) if final.is_dir() else None
-    save = max(0.0, saved - times[-1].timestamp()) if times and saved else 0.0
+    save = max(0.0, saved - times[max(times)].timestamp()) if times and saved else 0.0
     t0 = time.time()
     pack_student(run_dir, base, scratch, name, manifest)
     return save + time.time() - t0
@@ -671,12 +685,8 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
     unknown = [m for m in models if m not in manifest["models"]]
     if unknown:
         raise BundleError(f"--models {' '.join(unknown)}: the bundle holds {', '.join(manifest['models'])}")
-    recipe_batch = int(recipe_value(manifest["recipe"], "--batch-size"))
-    if batch_size is None:
-        batch_size = DEVICE_BATCH if str(device).startswith("cuda") else recipe_batch
-    if lr is None:
-        lr = scaled_lr(manifest["recipe"], batch_size)
-    shape = (batch_size, lr)
+    shape = batch_shape(manifest["recipe"], device, batch_size, lr)
+    batch_size, lr = shape
     env = {**os.environ, "AGRAME_MINILM": str(work / "base"), "PYTHONUNBUFFERED": "1",
            "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": os.pathsep.join(
                [str(bundle / "code")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
@@ -733,22 +743,14 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
         say(f"mining: {report['mining']['records'] or 'none'} records remixed at {elapsed()} s")
     progress("calibration")
     if steps is None:
-        cal = work / "cal"
-        codes = _side_by_side({m: ["-m", "training.student", *_student_args(manifest, m, work, data, device, shape),
-                                   "--steps", str(calibration_steps), "--out", str(cal / m)] for m in models},
-                              work / "logs" / "cal", env, deadline=t0 + budget * 0.75)
-        if any(codes.values()):
-            raise BundleError(f"calibration failed: {codes} (logs in {work / 'logs' / 'cal'})")
-        per_step = max(seconds_per_step(cal / m / "train.log") for m in models)
-        saving = max(saving_seconds(cal / m, work / "base", manifest, m, work / "cal-packed") for m in models)
-        shutil.rmtree(work / "cal-packed", ignore_errors=True)
-        reserve = reserve_for(saving, len(models))
-        left = budget - (time.time() - t0) - reserve
-        steps = steps_for(left, per_step)
-        report.update(calibration_steps=calibration_steps, seconds_per_step=round(per_step, 4), steps=steps,
-                      saving_s=round(saving, 1), reserve_s=round(reserve, 1))
-        say(f"calibrated at {elapsed()} s: {per_step:.3f} s a step for {len(models)} side by side at batch "
-            f"{batch_size}; saving {saving:.1f} s a student, {reserve:.0f} s kept; {steps} steps")
+        measured = _calibrate(manifest, models, work, data, device, shape, env, calibration_steps,
+                              deadline=t0 + budget * 0.75)
+        left = budget - (time.time() - t0) - measured["reserve_s"]
+        steps = steps_for(left, measured["seconds_per_step"])
+        report.update(calibration_steps=calibration_steps, **measured, steps=steps)
+        say(f"calibrated at {elapsed()} s: {measured['seconds_per_step']:.3f} s a step for {len(models)} side by "
+            f"side at batch {batch_size}; saving {measured['saving_s']:.1f} s a student, "
+            f"{measured['reserve_s']:.0f} s kept; {steps} steps")
         minutes = ["--minutes", f"{max(0.5, left / 60):.2f}"]
     else:
         report["steps"] = steps
@@ -759,16 +761,7 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
                           work / "logs" / "train", env)
     report["trained_s"] = elapsed()
     report["question_steps"] = steps * batch_size  # a student's questions seen (issue 51's aim: ≥ 80,000)
-    report["students"] = {}
-    for m in models:
-        final = work / "big" / m / "final"
-        if codes[m] or not (final / "agrame.json").exists():
-            report["students"][m] = {"error": f"exit {codes[m]}, no final model",
-                                     "log": (work / "logs" / "train" / f"{m}.log").read_text()[-2000:]}
-            continue
-        files = pack_student(work / "big" / m, work / "base", out, m, manifest)
-        report["students"][m] = {"files": files, "last_log": (work / "big" / m / "train.log").read_text()
-                                 .strip().splitlines()[-1:]}
+    report["students"] = _pack_students(codes, work, out, manifest)
     if mining:
         report["mining"] = _mining_done(mining, t0 + budget - 10, work, out)
         say(f"mining: exit {report['mining']['exit']}"
@@ -778,6 +771,38 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
     (out / "run.json").write_text(json.dumps(report, indent=2) + "\n")
     say(f"done at {elapsed()} s")
     return report
+
+
+def _pack_students(codes: Dict[str, int], work: Path, out: Path, manifest: dict) -> Dict[str, dict]:
+    """Each trained student's change over θ₀ into ``out`` (:func:`pack_student`), or why there is none."""
+    students = {}
+    for m, code in codes.items():
+        final = work / "big" / m / "final"
+        if code or not (final / "agrame.json").exists():
+            students[m] = {"error": f"exit {code}, no final model",
+                           "log": (work / "logs" / "train" / f"{m}.log").read_text()[-2000:]}
+            continue
+        files = pack_student(work / "big" / m, work / "base", out, m, manifest)
+        students[m] = {"files": files, "last_log": (work / "big" / m / "train.log").read_text()
+                       .strip().splitlines()[-1:]}
+    return students
+
+
+def _calibrate(manifest: dict, models: Sequence[str], work: Path, data: List[str], device: str,
+               shape: Tuple[int, float], env: dict, calibration_steps: int, deadline: float) -> dict:
+    """A few steps of every student side by side: seconds a step (the slowest's), and what saving and packing a
+    student costs with the time kept for it (:func:`saving_seconds`, :func:`reserve_for`)."""
+    cal = work / "cal"
+    codes = _side_by_side({m: ["-m", "training.student", *_student_args(manifest, m, work, data, device, shape),
+                               "--steps", str(calibration_steps), "--out", str(cal / m)] for m in models},
+                          work / "logs" / "cal", env, deadline=deadline)
+    if any(codes.values()):
+        raise BundleError(f"calibration failed: {codes} (logs in {work / 'logs' / 'cal'})")
+    per_step = max(seconds_per_step(cal / m / "train.log") for m in models)
+    saving = max(saving_seconds(cal / m, work / "base", manifest, m, work / "cal-packed") for m in models)
+    shutil.rmtree(work / "cal-packed", ignore_errors=True)
+    return {"seconds_per_step": round(per_step, 4), "saving_s": round(saving, 1),
+            "reserve_s": round(reserve_for(saving, len(models)), 1)}
 
 
 def _mining_done(mining: Dict[str, subprocess.Popen], deadline: float, work: Path, out: Path) -> dict:
@@ -942,6 +967,30 @@ def unpack(result: Path, out: Path, *, export: bool = True, say=print) -> Dict[s
     return done
 
 
+def _pack_data(args) -> dict:
+    """``pack``'s records, mining scan and ranking from the command line (``--runs`` fills in the recipe's)."""
+    train, distill = list(args.train), list(args.distill)
+    if args.runs is not None:
+        train += [str(args.runs / "squad-labels.jsonl"), str(args.runs / "scifact-labels.jsonl") + "@4"]
+        for t in ("nq-dev", "trivia-dev", "wiki-claims"):
+            # scored here already (DISTILL=1 … training/scale.sh): they travel as training records,
+            # and the device call skips its teacher stage (the first calls' slowest)
+            scored = args.runs / f"distill-{t}-scored.jsonl"
+            if scored.is_file():
+                train.append(str(scored))
+            else:
+                distill.append(str(args.runs / f"distill-{t}.jsonl"))
+    if not train:
+        raise BundleError("no training records (--runs R or --train FILE…)")
+    mine = tuple(args.mine) if args.mine and tuple(args.mine) != ("none", "none") else None
+    ranking = tuple(args.ranking) if args.ranking else (
+        ("squad-labels.jsonl", RANKING) if args.runs and mine is None else None)
+    if ranking == ("none", "none"):
+        ranking = None
+    return {"train": train, "distill": distill, "mine": mine,
+            "ranking": (ranking[0], Path(ranking[1])) if ranking else None}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1001,25 +1050,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         parser.error(f"--lr {args.lr}: a positive learning rate")
     try:
         if args.command == "pack":
-            train, distill = list(args.train), list(args.distill)
-            if args.runs is not None:
-                train += [str(args.runs / "squad-labels.jsonl"), str(args.runs / "scifact-labels.jsonl") + "@4"]
-                for t in ("nq-dev", "trivia-dev", "wiki-claims"):
-                    # scored here already (DISTILL=1 … training/scale.sh): they travel as training records,
-                    # and the device call skips its teacher stage (the first calls' slowest)
-                    scored = args.runs / f"distill-{t}-scored.jsonl"
-                    if scored.is_file():
-                        train.append(str(scored))
-                    else:
-                        distill.append(str(args.runs / f"distill-{t}.jsonl"))
-            if not train:
-                raise BundleError("no training records (--runs R or --train FILE…)")
-            mine = tuple(args.mine) if args.mine and tuple(args.mine) != ("none", "none") else None
-            ranking = tuple(args.ranking) if args.ranking else (
-                ("squad-labels.jsonl", RANKING) if args.runs and mine is None else None)
-            pack(args.out, train=train, distill=distill, models=args.models, precision=args.precision,
-                 wheels=args.wheels, limit_mib=args.limit_mib, extra_args=args.extra_args.split(), mine=mine,
-                 ranking=None if ranking == ("none", "none") else (ranking[0], Path(ranking[1])) if ranking else None)
+            pack(args.out, **_pack_data(args), models=args.models, precision=args.precision, wheels=args.wheels,
+                 limit_mib=args.limit_mib, extra_args=args.extra_args.split())
         elif args.command == "run":
             run(args.bundle, args.out, args.work, device=args.device, budget=args.budget, steps=args.steps,
                 calibration_steps=args.calibration_steps, models=args.models, threads=args.threads,

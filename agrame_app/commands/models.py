@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -32,16 +31,17 @@ def _cards() -> dict:
         return {"rows": [], "models": {}}
 
 
-def models() -> List[Dict]:
+def models(cards: Optional[dict] = None) -> List[Dict]:
     """Every shipped name with what is known of it; a model the cards do not list yet has no rows."""
     from agrame.encoder import DEFAULT_MODEL, named_models, shipped_names
 
-    cards = _cards()
+    cards = _cards() if cards is None else cards
+    folders = named_models()
     out = []
     for name in shipped_names():
         card = dict(cards["models"].get(name, {}))
-        if not card.get("fingerprint") and name in named_models():
-            meta = json.loads((named_models()[name] / "delta.json").read_text())
+        if not card.get("fingerprint") and name in folders:
+            meta = json.loads((folders[name] / "delta.json").read_text())
             card["fingerprint"] = str(meta.get("fingerprint", ""))[:12]
         out.append({"name": name, "default": name == DEFAULT_MODEL, "dim": card.get("dim"),
                     "bytes_per_token": card.get("bytes_per_token"), "fingerprint": card.get("fingerprint"),
@@ -55,7 +55,8 @@ def _fmt(x) -> str:
 
 
 def run(args) -> int:
-    listed = models()
+    cards = _cards()
+    listed = models(cards)
     if args.format == "jsonl":
         for m in listed:
             print(json.dumps(m, ensure_ascii=False))
@@ -66,11 +67,11 @@ def run(args) -> int:
         label = m["name"] + (" (default)" if m["default"] else "")
         print(f"{label:<{width}} {_fmt(m['dim']):>4} {_fmt(m['bytes_per_token']):>8}  {m['fingerprint'] or '—'}")
     measured = [m for m in listed if m["rows"]]
-    rows = _cards()["rows"]
+    rows = cards["rows"]
     if measured and rows:
         names = [m["name"] for m in measured]
         first = max(len(r) for r in rows) + 2
-        print("\nfull-protocol rows (%; benchmarks/README.md, The shipping rule):", file=sys.stdout)
+        print("\nfull-protocol rows (%; benchmarks/README.md, The shipping rule):")
         print(f"{'':<{first}}" + "".join(f"{n:>{max(10, len(n) + 2)}}" for n in names))
         for r in rows:
             print(f"{r:<{first}}" + "".join(f"{_fmt(m['rows'].get(r)):>{max(10, len(m['name']) + 2)}}"
