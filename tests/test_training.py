@@ -75,6 +75,20 @@ def test_training_is_deterministic_and_resumes(encoder, tmp_path, make_tiny_enco
     assert (tmp_path / "a" / "train.log").exists()
 
 
+def test_a_time_budget_stop_leaves_the_final_model_only_when_asked(tmp_path, make_tiny_encoder):
+    # a device call's student capped by --minutes must still leave its model (nothing resumes it there)
+    examples = [record(q, [0, 1, 2]) for q in ("reefs", "bleach", "tower", "fish")]
+    for final_at_deadline in (False, True):
+        enc = make_tiny_encoder(doc_maxlen=64, query_maxlen=8, seed=3)
+        scorer = StudentScorer(enc, "Q'")
+        folder = tmp_path / str(final_at_deadline)
+        result = train(scorer, examples, make_loss(scorer, MultiGranularKLLoss()),
+                       LoopSettings(steps=4, batch_size=2, lr=1e-3, minutes=0.0, final_at_deadline=final_at_deadline),
+                       folder, params=trainable_parameters(enc, 1), save=lambda path: enc.save(path))
+        assert not result["done"] and result["step"] == 1
+        assert (folder / "final" / "agrame.json").exists() == final_at_deadline
+
+
 def test_only_marker_rows_of_the_embedding_learn(encoder):
     params = trainable_parameters(encoder, 1)
     emb = encoder.backbone.get_input_embeddings().weight

@@ -751,7 +751,8 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
         say(f"calibrated at {elapsed()} s: {measured['seconds_per_step']:.3f} s a step for {len(models)} side by "
             f"side at batch {batch_size}; saving {measured['saving_s']:.1f} s a student, "
             f"{measured['reserve_s']:.0f} s kept; {steps} steps")
-        minutes = ["--minutes", f"{max(0.5, left / 60):.2f}"]
+        # the cap keeps the call's deadline; a student it stops still leaves its model (no session resumes it)
+        minutes = ["--minutes", f"{max(0.5, left / 60):.2f}", "--final-at-deadline"]
     else:
         report["steps"] = steps
         minutes = []

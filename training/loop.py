@@ -34,6 +34,8 @@ class LoopSettings:
     seed: int = 0
     checkpoint_every: int = 50
     minutes: Optional[float] = None  # stop (resumably) after this much wall time
+    #: at the time budget, also write the final model (a device call has no later session to resume in)
+    final_at_deadline: bool = False
     log_every: int = 10
 
 
@@ -141,6 +143,9 @@ def train(model: torch.nn.Module, examples: Sequence, loss_fn: Callable[[List], 
             checkpoint(step + 1)
         if settings.minutes is not None and time.time() - began > 60 * settings.minutes:
             checkpoint(step + 1)
+            if settings.final_at_deadline and save is not None:
+                model.eval()
+                save(folder / "final")
             log.info("time budget reached at step %d", step + 1)
             bar.close()
             return {"step": step + 1, "done": False}

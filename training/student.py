@@ -355,6 +355,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--warmup", type=float, default=0.1)
     parser.add_argument("--minutes", type=float, default=None)
+    parser.add_argument("--final-at-deadline", action="store_true",
+                        help="with --minutes: write the final model when the time budget stops training too")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init-model", default=None,
                         help="start from this model's weights and projection (e.g. python -m training.projection's "
@@ -395,7 +397,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     scorer = StudentScorer(encoder, args.sentence_marker, in_batch=args.in_batch, buckets=args.length_buckets)
     criterion = MultiGranularKLLoss(args.weighting, args.sentence_weight)
     settings = LoopSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
-                            seed=args.seed, minutes=args.minutes, checkpoint_every=25)
+                            seed=args.seed, minutes=args.minutes, checkpoint_every=25,
+                            final_at_deadline=args.final_at_deadline)
     rank_marker = args.rank_marker or args.sentence_marker
 
     def save(path: Path) -> None:
