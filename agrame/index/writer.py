@@ -77,6 +77,46 @@ def _ours(name: str) -> bool:
     return bool(_TEMP.fullmatch(name) or _OURS.fullmatch(name) or name in _STORE_FILES)
 
 
+def _own_temp_file(entry: Path) -> bool:
+    """A ``.NAME.tmp-PID`` *file* inside an index that a writer left: NAME is a file AGRaME writes
+    and PID is this process (the lock holder's own failed write) or dead. Anything else of that
+    shape (a user's ``.notes.tmp-1``, a folder) is not provably the store's own."""
+    match = _TEMP.fullmatch(entry.name)
+    if not match or entry.is_dir() or entry.is_symlink():
+        return False
+    inner = entry.name[1:entry.name.rindex(".tmp-")]
+    if not (_OURS.fullmatch(inner) or inner in _STORE_FILES or inner in (MANIFEST, "shards.json")):
+        return False
+    pid = int(match.group(1))
+    return pid == os.getpid() or not pid_alive(pid)
+
+
+def _collectable(entry: Path) -> bool:
+    """Whether garbage collection may remove this entry of an index or store folder: a name AGRaME
+    writes that is a plain file, or a temporary entry proven to be a dead writer's (the rule that
+    applies beside an index: :func:`_stale_temp` for folders)."""
+    if _TEMP.fullmatch(entry.name):
+        return _stale_temp(entry) if entry.is_dir() and not entry.is_symlink() else _own_temp_file(entry)
+    return _ours(entry.name) and not entry.is_dir()
+
+
+def left_alone(path: Path, manifest: dict) -> List[str]:
+    """Entries of an index (and its store folder) shaped like AGRaME's temporary names that are not
+    provably its own, so garbage collection keeps them: what a recovery reports as left alone."""
+    prefix = str(manifest.get("store", ""))
+    folders = [path] + ([path / prefix.rstrip("/")] if prefix else [])
+    out = []
+    for folder in folders:
+        try:
+            entries = sorted(folder.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            if _TEMP.fullmatch(entry.name) and not _collectable(entry):
+                out.append(str(entry.relative_to(path)) + ("/" if entry.is_dir() else ""))
+    return out
+
+
 def _remove(entry: Path) -> None:
     if entry.is_dir() and not entry.is_symlink():
         shutil.rmtree(entry, ignore_errors=True)
@@ -87,7 +127,7 @@ def _remove(entry: Path) -> None:
 def _ours_folder(entry: Path) -> bool:
     """Whether a store folder (``sN/``) holds only names AGRaME writes (a user's ``s3/`` is not ours)."""
     try:
-        return all(_ours(sub.name) and not sub.is_dir() for sub in entry.iterdir())
+        return all(_collectable(sub) and not sub.is_dir() for sub in entry.iterdir())
     except OSError:
         return False
 
@@ -108,13 +148,13 @@ def collect_garbage(path: Path, manifest: dict) -> List[str]:
         if entry.is_dir() and not entry.is_symlink() and _EPOCH.fullmatch(name):
             if prefix == name + "/":
                 for sub in sorted(entry.iterdir()):
-                    if f"{name}/{sub.name}" not in keep and _ours(sub.name) and not sub.is_dir():
+                    if f"{name}/{sub.name}" not in keep and _collectable(sub):
                         _remove(sub)
                         removed.append(f"{name}/{sub.name}")
             elif _ours_folder(entry):
                 _remove(entry)
                 removed.append(name + "/")
-        elif name not in keep and _ours(name) and not (entry.is_dir() and not _TEMP.fullmatch(name)):
+        elif name not in keep and _collectable(entry):
             _remove(entry)
             removed.append(name)
     return removed
@@ -393,7 +433,7 @@ class IndexWriter:
                     done.append(f"../{stale.name}/")
                 if manifest["format"] != FORMAT_V2:
                     for entry in self.path.iterdir():
-                        if _TEMP.fullmatch(entry.name) and not entry.is_dir():
+                        if _own_temp_file(entry):
                             _remove(entry)
                             done.append(entry.name)
                     return self._said(done)
@@ -409,13 +449,16 @@ class IndexWriter:
                 if db is not None:
                     db.close()
             done += collect_garbage(self.path, manifest)
+            kept = left_alone(self.path, manifest)
         except OSError as exc:
             raise _folder_error(self.path, exc) from None
-        return self._said(done)
+        return self._said(done, kept)
 
-    def _said(self, done: List[str]) -> List[str]:
+    def _said(self, done: List[str], kept: Sequence[str] = ()) -> List[str]:
         if done:
             self.say(f"recovered {self.path} from an interrupted write: removed {', '.join(done)}")
+        if kept:
+            self.say(f"left alone in {self.path} (not written by AGRaME, or its writer is alive): {', '.join(kept)}")
         return done
 
     # -- changes ----------------------------------------------------------------------------
