@@ -56,3 +56,29 @@ def test_a_users_temp_shaped_folder_and_files_inside_an_index_are_kept_and_repor
     for folder in users:
         assert (folder / "t.txt").read_text() == "thesis"
     assert (built / ".draft.tmp-999999").exists()
+
+
+# -- 4. the Python API refuses every filter bound with the CLI's FilterError -----------------------
+
+def _nested(op: str, depth: int) -> dict:
+    spec: dict = {"n": 1}
+    for _ in range(depth):
+        spec = {op: [spec]} if op != "$not" else {op: spec}
+    return spec
+
+
+@pytest.mark.parametrize("spec", [_nested("$or", 2000), _nested("$and", 2000), _nested("$not", 2000),
+                                  _nested("$or", 33), {"$or": [{"n": i} for i in range(257)]},
+                                  {"n": {"$in": list(range(10_001))}}],
+                         ids=["or-2000", "and-2000", "not-2000", "or-33", "wide-257", "in-10001"])
+def test_every_filter_bound_is_a_filter_error_in_the_python_api(built, tiny_encoder, spec):
+    from agrame.index.metadata import FilterError
+
+    index = Index(built, model=tiny_encoder)
+    for call in (lambda: index.search("coral", "passage", filter=spec),
+                 lambda: index.search("coral", "sentence", filter=spec, exact=True),
+                 lambda: index.rank_ids("coral", ["p1"], filter=spec),
+                 lambda: index.delete_where(spec)):
+        with pytest.raises(FilterError):
+            call()
+    assert len(index) == len(TEXTS)

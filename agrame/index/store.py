@@ -618,24 +618,25 @@ class Store:
         Masks are cached per filter (its canonical JSON) for this generation's lifetime: a service
         sees the same few filters (a tenant, a source) again and again, and a generation never changes.
         The returned array is read-only."""
-        from .metadata import is_empty
+        from .metadata import is_empty, parse_filter
 
         if is_empty(spec):
             return self.alive
-        key = json.dumps(spec, sort_keys=True, ensure_ascii=True) if not isinstance(spec, (str, bytes)) else spec
+        tree = parse_filter(spec)  # its bounds first: a 2,000-deep filter is a FilterError, not a RecursionError
+        key = repr(tree)
         mask = self._filter_cache.get(key)
         if mask is None:
-            mask = self.filter_mask(spec)
+            mask = self.filter_mask(tree)
             if len(self._filter_cache) >= FILTER_CACHE:
                 self._filter_cache.pop(next(iter(self._filter_cache)))
             self._filter_cache[key] = mask
         return mask
 
     def filter_mask(self, spec) -> np.ndarray:
-        """:meth:`allowed`, computed (no cache)."""
+        """:meth:`allowed`, computed (no cache); ``spec``: a filter or its parsed tree."""
         from .metadata import matches, parse_filter
 
-        tree = parse_filter(spec)
+        tree = spec if isinstance(spec, tuple) else parse_filter(spec)
         if self.meta is None:  # an index written before metadata: every passage has none
             mask = np.full(len(self), matches({}, tree), dtype=bool)
         else:
