@@ -82,3 +82,82 @@ def test_every_filter_bound_is_a_filter_error_in_the_python_api(built, tiny_enco
         with pytest.raises(FilterError):
             call()
     assert len(index) == len(TEXTS)
+
+
+# -- 3. a full disk is exit 2 / 507 naming the file, the index unchanged, nothing left behind ------
+
+_RUN_LIMITED = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), int(sys.argv[1])))
+from agrame_app.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _state(folder: Path) -> dict:
+    """An index's files by content, without SQLite's transient -wal/-shm and the lock file."""
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.name.endswith(("-wal", "-shm")) and p.name != ".lock"}
+
+
+def _limited(limit: int, *args: str):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-c", _RUN_LIMITED, str(limit), *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def _big_corpus(tmp_path: Path, tag: str, n: int = 60, texts: int = 1, note: int = 2000) -> Path:
+    """``n`` passages of ``texts`` copies of a text each, with a ``note`` of that many characters."""
+    file = tmp_path / f"{tag}.jsonl"
+    file.write_text("".join(json.dumps({"id": f"{tag}{i}", "text": f"{TEXTS[i % len(TEXTS)]} Number {i}. " * texts,
+                                        "metadata": {"note": "x" * note} if note else None}) + "\n"
+                            for i in range(n)))
+    return file
+
+
+def test_a_full_disk_is_a_clear_error_and_changes_nothing(tmp_path, built, tiny_model_dir):
+    notes = _big_corpus(tmp_path, "q")  # the metadata is the largest part: SQLite runs out first
+    texts = _big_corpus(tmp_path, "t", texts=20, note=0)  # long texts: a store file runs out first
+    before = _state(built)
+    seen = set()
+    for corpus, limit in ((notes, 4 << 10), (notes, 256 << 10), (texts, 32 << 10), (texts, 64 << 10)):
+        for how in ("--add", "--upsert"):
+            run = _limited(limit, "index", "-p", str(corpus), "-i", str(built), how, "--model", str(tiny_model_dir))
+            assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+            assert "no space left writing index" in run.stderr and "nothing of this write" in run.stderr, run.stderr
+            seen.add(run.stderr.split(" (", 1)[1].split(":", 1)[0])
+            assert _state(built) == before, (limit, how)
+            assert not [p for p in built.rglob("*") if ".tmp-" in p.name]
+    assert "meta.sqlite" in seen and len(seen) >= 2, seen
+    # a fresh build: nothing of it is kept, beside or at the path
+    run = _limited(32 << 10, "index", "-p", str(texts), "-i", str(tmp_path / "fresh"), "--model", str(tiny_model_dir))
+    assert run.returncode == 2 and "no space left writing index" in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "fresh").exists() and not list(tmp_path.glob(".fresh.tmp-*"))
+
+
+def test_a_full_disk_under_the_server_is_507(tmp_path, built, tiny_model_dir):
+    import subprocess
+    import sys
+
+    script = """
+import resource, sys, json
+from fastapi.testclient import TestClient
+from agrame_app.serve import create_app
+client = TestClient(create_app(sys.argv[1], model=sys.argv[2], allow_writes=True, api_key="k"), raise_server_exceptions=False)
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[3]), int(sys.argv[3])))
+r = client.post("/passages", json={"passages": [{"id": f"n{i}", "text": "Sharks swim in the open sea. " * 20,
+                "metadata": {"note": "x" * 4000}} for i in range(40)]}, headers={"X-API-Key": "k"})
+print(json.dumps({"status": r.status_code, "body": r.json()}))
+"""
+    before = _state(built)
+    run = subprocess.run([sys.executable, "-c", script, str(built), str(tiny_model_dir), "100000"],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    answer = json.loads(run.stdout.strip().splitlines()[-1])
+    assert answer["status"] == 507 and set(answer["body"]) == {"error"}, answer
+    assert answer["body"]["error"].startswith("no space left on the server writing ") and str(built) not in answer["body"]["error"]
+    assert _state(built) == before

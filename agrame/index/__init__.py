@@ -20,7 +20,7 @@ from ..corpus import Passage, PassageLike, as_passages
 from ..encoder import Encoder
 from .codec import ResidualCodec, num_centroids
 from .base import BaseIndex
-from .format import IndexFolderError, check_model, index_model_name, read_manifest
+from .format import IndexFolderError, NoSpaceError, check_model, index_model_name, read_manifest
 from .lock import IndexLockedError
 from .metadata import FilterError, MetadataError
 from .search import Index, SearchSettings
@@ -54,5 +54,6 @@ def build_index(encoder: Encoder, passages: Sequence[PassageLike], path: str | P
 
 
 __all__ = ["BaseIndex", "FilterError", "Index", "IndexFolderError", "IndexLockedError", "IndexWriter", "MetadataError",
+           "NoSpaceError",
            "ResidualCodec", "SearchSettings", "Store", "UnknownIdsError", "add_passages", "build_index", "check_model",
            "index_model_name", "num_centroids", "read_manifest", "verify_crc"]

@@ -9,10 +9,13 @@ off by the next writer), a smaller one is a truncated file, and a CRC mismatch a
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import sqlite3
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, NamedTuple, Optional, Union
 
@@ -28,6 +31,41 @@ _CRC_BLOCK = 1 << 24
 
 class IndexFolderError(ValueError):
     """An index folder is missing, malformed, damaged, or belongs to another model."""
+
+
+#: A full disk, a quota, a file size limit (``ulimit -f``): out of room, whatever the device says.
+_NO_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+class NoSpaceError(IndexFolderError):
+    """A write ran out of room writing ``file``; what was being written was not committed."""
+
+    def __init__(self, message: str, file: str = "", reason: str = ""):
+        super().__init__(message)
+        self.file, self.reason = file, reason
+
+
+def no_space(exc: BaseException) -> Optional[str]:
+    """Why ``exc`` means the device (or a limit) had no room for a write, or None."""
+    if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+        return exc.strerror or str(exc)
+    # SQLite reports a short write as SQLITE_IOERR ("disk I/O error") or SQLITE_FULL
+    if isinstance(exc, sqlite3.OperationalError) and ("disk I/O error" in str(exc) or "disk is full" in str(exc)):
+        return f"SQLite: {exc}"
+    return None
+
+
+@contextmanager
+def writing(file: Union[str, Path]):
+    """Turn running out of room while writing ``file`` into :class:`NoSpaceError` naming it."""
+    try:
+        yield
+    except (OSError, sqlite3.OperationalError) as exc:
+        reason = no_space(exc)
+        if reason is None:
+            raise
+        name = Path(file).name
+        raise NoSpaceError(f"no space left writing {name} ({reason})", name, reason) from None
 
 
 def read_manifest(path: str | Path) -> dict:
@@ -267,10 +305,14 @@ def write_manifest(folder: Path, manifest: dict) -> None:
     manifest = {k: v for k, v in manifest.items() if k != "checksum"}
     manifest["checksum"] = manifest_checksum(manifest)
     tmp = folder / f".{MANIFEST}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(manifest, indent=2) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with writing(MANIFEST), open(tmp, "w") as f:
+            f.write(json.dumps(manifest, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, folder / MANIFEST)
     fd = os.open(folder, os.O_RDONLY)
     try:

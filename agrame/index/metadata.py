@@ -36,7 +36,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .format import IndexFolderError, valid_digest
+from .format import IndexFolderError, valid_digest, writing
 
 METADATA_FILE = "meta.sqlite"
 #: The manifest field that records the committed rows' digest (:meth:`MetadataDB.digest`).
@@ -350,10 +350,11 @@ class MetadataDB:
         self.path = Path(path)
         if writable:
             self.conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute("PRAGMA synchronous=FULL")
-            if create:
-                self.conn.executescript(_SCHEMA)
+            with writing(self.path):
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                self.conn.execute("PRAGMA synchronous=FULL")
+                if create:
+                    self.conn.executescript(_SCHEMA)
         else:
             if not self.path.exists():
                 raise FileNotFoundError(str(self.path))
@@ -375,14 +376,15 @@ class MetadataDB:
         rows = [(int(pos), pid, meta) for pos, pid, meta in rows]
         passages = [(pos, pid, json.dumps(meta, ensure_ascii=False) if meta else None) for pos, pid, meta in rows]
         fields = [r for pos, _, meta in rows if meta for r in _field_rows(pos, meta)]
-        with self._lock:
+        with self._lock, writing(self.path):
             self.conn.execute("BEGIN IMMEDIATE")
             try:
                 self.conn.executemany("INSERT INTO passages(pos, id, meta) VALUES (?, ?, ?)", passages)
                 self.conn.executemany("INSERT INTO fields(pos, key, t, v) VALUES (?, ?, ?, ?)", fields)
                 self.conn.execute("COMMIT")
             except BaseException:
-                self.conn.execute("ROLLBACK")
+                if self.conn.in_transaction:  # (SQLite may have rolled back itself: a full disk does)
+                    self.conn.execute("ROLLBACK")
                 raise
         return _digest(_crc_sum(passages), _crc_sum(fields), len(fields))
 

@@ -46,7 +46,7 @@ from ..corpus import EncodedCorpus, Passage
 from ..encoder import EncodedPassage, Encoder
 from ..spans import normalize_span, sorted_token_segments, split_sentences
 from .codec import CompressedVectors, ResidualCodec, num_centroids
-from .format import (FORMAT_V2, MANIFEST, IndexFolderError, check_files, crc32_file, ivf_generation,
+from .format import (FORMAT_V2, MANIFEST, IndexFolderError, check_files, crc32_file, ivf_generation, writing,
                      model_block, read_manifest, store_root)
 from .ivf import InvertedFile, _ranges, build_ivf, unique_pairs
 from .metadata import DIGEST_FIELD, METADATA_FILE, MetadataDB
@@ -89,26 +89,42 @@ class _Appender:
 
         info = self.files[name]
         at = info["size"]
-        self.handles[name].write(data)
+        with writing(name):
+            self.handles[name].write(data)
         info["size"] += len(data)
         info["crc32"] = zlib.crc32(data, info["crc32"])
         return at
 
     def close(self) -> None:
-        for f in self.handles.values():
-            f.flush()
-            os.fsync(f.fileno())
-            f.close()
+        failed = None
+        for name, f in self.handles.items():
+            try:
+                with writing(name):
+                    f.flush()
+                    os.fsync(f.fileno())
+            except BaseException as exc:  # close every handle, then say which file failed first
+                failed = failed or exc
+            finally:
+                try:
+                    f.close()
+                except OSError:
+                    pass  # its unwritten buffer: the flush above already failed and said so
+        if failed is not None:
+            raise failed
 
 
 def _write_fixed(folder: Path, name: str, data: bytes, files: Dict[str, dict]) -> None:
     import zlib
 
     tmp = folder / f".{name}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with writing(name), open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, folder / name)
     files[name] = {"size": len(data), "crc32": zlib.crc32(data)}
 

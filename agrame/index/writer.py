@@ -37,7 +37,7 @@ import numpy as np
 
 from ..corpus import EncodedCorpus, Passage, as_passages
 from ..encoder import Encoder
-from .format import (FORMAT_V2, MANIFEST, V1_FILES, IndexFolderError, check_layout, check_model, crc32_file,
+from .format import (FORMAT_V2, MANIFEST, V1_FILES, IndexFolderError, NoSpaceError, check_layout, check_model, crc32_file,
                      ivf_generation, read_index, read_manifest, read_shards, store_root, write_manifest)
 from .codec import ResidualCodec
 from .ivf import _ranges, build_ivf, merge_ivf, unique_pairs
@@ -343,6 +343,10 @@ def _build_locked(path: Path, overwrite: bool, write, exchange: bool, say) -> bo
                     raise IndexFolderError(f"{path} appeared while this build ran, written by another process; it "
                                            "was left as it is and nothing of this build was kept") from None
                 raise
+    except NoSpaceError as exc:
+        _remove(tmp)
+        raise NoSpaceError(f"no space left writing index {path} ({exc.file}: {exc.reason}); nothing of this build "
+                           "was kept", exc.file, exc.reason) from None
     except OSError as exc:
         _remove(tmp)
         raise _folder_error(path, exc) from None
@@ -391,13 +395,39 @@ class IndexWriter:
         self.lock.acquire()
         try:
             self.recovered = self.recover()
+        except NoSpaceError as exc:
+            self.lock.release()
+            raise self._no_space(exc) from None
         except BaseException:
             self.lock.release()
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.lock.release()
+    def _no_space(self, exc: NoSpaceError) -> NoSpaceError:
+        generation = read_manifest(self.path).get("generation", 1)
+        return NoSpaceError(f"no space left writing index {self.path} ({exc.file}: {exc.reason}); it holds its last "
+                            f"committed generation ({generation}) and nothing of this write", exc.file, exc.reason)
+
+    def __exit__(self, kind, exc, tb) -> None:
+        try:
+            if exc is not None and not isinstance(exc, (UnknownIdsError, KeyboardInterrupt)):
+                self._roll_back()
+                if isinstance(exc, NoSpaceError):
+                    raise self._no_space(exc) from None
+        finally:
+            self.lock.release()
+
+    def _roll_back(self) -> None:
+        """After a failed change: cut what it appended and drop its rows and files now (a full disk
+        gets its room back) — what the next writer's recovery would do. Best effort: what cannot be
+        undone now (SQLite may need room to delete) is undone by that recovery."""
+        say, self.say = self.say, (lambda _: None)
+        try:
+            self.recover()
+        except (OSError, ValueError, sqlite3.Error):
+            pass
+        finally:
+            self.say = say
 
     # -- recovery ---------------------------------------------------------------------------
 

@@ -507,6 +507,14 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
         return JSONResponse({"error": str(exc), "missing_shards": exc.missing, "permanent": exc.permanent},
                             status_code=503, headers={} if exc.permanent else {"Retry-After": "1"})
 
+    from agrame.index.format import NoSpaceError
+
+    @app.exception_handler(NoSpaceError)
+    async def _no_space(_: Request, exc: NoSpaceError):
+        # the server's disk, not the client's request: 507 Insufficient Storage (RFC 4918), nothing committed
+        return JSONResponse({"error": f"no space left on the server writing {exc.file} ({exc.reason}); the index "
+                                      "holds its last committed generation and nothing of this write"}, status_code=507)
+
     @app.exception_handler(ValueError)
     async def _value(_: Request, exc: ValueError):
         from agrame.index import UnknownIdsError
