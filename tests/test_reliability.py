@@ -161,3 +161,53 @@ print(json.dumps({"status": r.status_code, "body": r.json()}))
     assert answer["status"] == 507 and set(answer["body"]) == {"error"}, answer
     assert answer["body"]["error"].startswith("no space left on the server writing ") and str(built) not in answer["body"]["error"]
     assert _state(built) == before
+
+
+# -- 2. a running server notices a changed store and never serves what was changed ---------------
+
+def _server(built, tiny_model_dir, **options):
+    from fastapi.testclient import TestClient
+
+    from agrame_app.serve import create_app
+
+    return TestClient(create_app(built, model=str(tiny_model_dir), **options), raise_server_exceptions=False)
+
+
+def test_a_running_server_refuses_an_edited_metadata_file(built, tiny_model_dir):
+    import sqlite3
+
+    client = _server(built, tiny_model_dir)
+    assert client.get("/passages/p1").json()["metadata"]["source"] == "wiki"
+    assert client.get("/health").json()["status"] == "ok"
+    db_file = store_root(built, read_manifest(built)) / "meta.sqlite"
+    conn = sqlite3.connect(db_file)
+    conn.execute("""UPDATE passages SET meta = '{"source": "forged", "n": 1}' WHERE id = 'p1'""")
+    conn.commit()
+    conn.close()
+    for answer in (client.get("/passages/p1"), client.post("/search", json={"query": "coral", "filter": {"n": 1}}),
+                   client.post("/search", json={"query": "coral", "granularity": "passage"})):
+        assert answer.status_code == 503 and "forged" not in answer.text, answer.text
+        body = answer.json()
+        assert body["damaged"] == "meta.sqlite" and "meta.sqlite does not match its digest" in body["error"]
+        assert str(built) not in answer.text
+    health = client.get("/health")
+    assert health.status_code == 503 and health.json()["status"] == "degraded"
+    assert health.json()["index"]["damaged"] == "meta.sqlite"
+
+
+@pytest.mark.parametrize("name", ["passages.jsonl", "codes.bin", "residuals.bin"])
+def test_a_running_server_refuses_an_edited_store_file_and_recovers_when_it_is_restored(built, tiny_model_dir, name):
+    client = _server(built, tiny_model_dir)
+    text = client.get("/passages/p2").json()["text"]
+    file = store_root(built, read_manifest(built)) / name
+    original = file.read_bytes()
+    edited = bytearray(original)
+    at = original.find(b"reef") if name == "passages.jsonl" else len(original) // 2
+    edited[at] ^= 0x20
+    file.write_bytes(bytes(edited))
+    answer = client.get("/passages/p2")
+    assert answer.status_code == 503 and answer.json()["damaged"] == name, answer.text
+    assert client.get("/health").json()["index"]["damaged"] == name
+    file.write_bytes(original)
+    assert client.get("/health").json()["status"] == "ok"
+    assert client.get("/passages/p2").json()["text"] == text

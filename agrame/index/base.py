@@ -57,6 +57,11 @@ class BaseIndex(ABC):
         """Live passages; with ``allow_partial`` the shards that answer, the others named in it."""
         return PassageCount(len(self))
 
+    def check_unchanged(self) -> None:
+        """Raise :class:`~agrame.index.format.IndexDamagedError` naming a committed file that no longer
+        holds what was committed (a running server calls it before each read); cheap when nothing
+        changed. A backend whose parts check themselves does nothing here."""
+
     def unavailable(self, timeout: Optional[float] = None) -> List[dict]:
         """The shards that do not answer now, one ``{"shard", "since", "reason", "permanent"}`` each
         (``since``: Unix time of the first failure seen; ``permanent``: it will not come back by

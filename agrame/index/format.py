@@ -33,6 +33,16 @@ class IndexFolderError(ValueError):
     """An index folder is missing, malformed, damaged, or belongs to another model."""
 
 
+class IndexDamagedError(IndexFolderError):
+    """A committed file of an open index no longer holds what its manifest committed (``file``:
+    its name inside the index folder, ``problem``: what is wrong) — found by a running reader's
+    :meth:`~agrame.index.store.Store.check_unchanged`."""
+
+    def __init__(self, path, file: str, problem: str):
+        super().__init__(f"index {path} is damaged: {file} {problem}")
+        self.file, self.problem = file, problem
+
+
 #: A full disk, a quota, a file size limit (``ulimit -f``): out of room, whatever the device says.
 _NO_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 

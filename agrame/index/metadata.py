@@ -434,6 +434,11 @@ class MetadataDB:
             raise IndexFolderError(f"index {index} is damaged: {self.path.name} does not match its digest "
                                    "(a stored id, metadata value or filter row was changed)")
 
+    def data_version(self) -> int:
+        """SQLite's ``data_version``: changes when another connection commits to the file (one call, no I/O
+        beyond the WAL index) — how a reader notices the file was written since it last looked."""
+        return self._query("PRAGMA data_version")[0][0]
+
     def truncate(self, num_positions: int) -> int:
         """Drop rows of positions ≥ ``num_positions`` (a killed writer's uncommitted rows); how many."""
         with self._lock:

@@ -106,6 +106,10 @@ class Index(BaseIndex):
     def compressed(self) -> bool:
         return self.store is not None
 
+    def check_unchanged(self) -> None:
+        if self.store is not None:
+            self.store.check_unchanged()
+
     def __len__(self) -> int:
         """Live passages (deleted ones not counted)."""
         return self.store.num_live if self.store is not None else int(self.manifest["num_passages"])

@@ -37,7 +37,7 @@ from ..encoder import Encoder
 from ..ranker import ScoredSpan, hit_order
 from .base import BaseIndex
 from .codec import ResidualCodec
-from .format import (FORMAT_SHARDED, MAX_SHARDS, SHARDS_FILE, IndexFolderError, is_sharded,
+from .format import (FORMAT_SHARDED, MAX_SHARDS, SHARDS_FILE, IndexDamagedError, IndexFolderError, is_sharded,
                      manifest_checksum, model_block, read_manifest, read_shards, write_manifest)
 from .lock import WriterLock
 from .metadata import parse_filter
@@ -282,6 +282,13 @@ class ShardedIndex(ShardedWrites, BaseIndex):
         self._centroids = None
         self._threads = threads or min(self.num_shards, os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="agrame-shard") if self.num_shards > 1 else None
+
+    def check_unchanged(self) -> None:
+        for shard in self.shards:
+            try:
+                shard.check_unchanged()
+            except IndexDamagedError as exc:
+                raise IndexDamagedError(self.path, f"{shard.path.name}/{exc.file}", exc.problem) from None
 
     def close(self) -> None:
         if self._pool is not None:

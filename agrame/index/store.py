@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
@@ -46,7 +47,7 @@ from ..corpus import EncodedCorpus, Passage
 from ..encoder import EncodedPassage, Encoder
 from ..spans import normalize_span, sorted_token_segments, split_sentences
 from .codec import CompressedVectors, ResidualCodec, num_centroids
-from .format import (FORMAT_V2, MANIFEST, IndexFolderError, check_files, crc32_file, ivf_generation, writing,
+from .format import (FORMAT_V2, MANIFEST, IndexDamagedError, IndexFolderError, check_files, crc32_file, ivf_generation, writing,
                      model_block, read_manifest, store_root)
 from .ivf import InvertedFile, _ranges, build_ivf, unique_pairs
 from .metadata import DIGEST_FIELD, METADATA_FILE, MetadataDB
@@ -504,6 +505,11 @@ class Store:
             raise IndexFolderError(f"{self.path}: not a compressed ({FORMAT_V2}) index")
         m, files = self.manifest, self.manifest["files"]
         self.root = store_root(self.path, m)
+        self._prefix = str(m.get("store", ""))
+        self._watched = list(files) + ([m["metadata"], m["metadata"] + "-wal"] if m.get("metadata") else [])
+        self._seen = self._stats()  # before anything is checked: a change made while checking is seen next time
+        self._damaged: Dict[str, str] = {}
+        self._check_lock = threading.Lock()
         check_files(self.root, files, verify)
         try:
             buckets = np.fromfile(self.root / "buckets.f32", dtype="<f4", count=files["buckets.f32"]["size"] // 4)
@@ -554,10 +560,58 @@ class Store:
             except (OSError, sqlite3.Error) as exc:
                 raise IndexFolderError(f"index {self.path} is damaged: {m['metadata']}: {exc}") from None
             try:
+                self._meta_version = self.meta.data_version()
                 self.meta.verify(m, self.path, verify if verify_meta is None else verify_meta)
             except BaseException:
                 self.close()
                 raise
+
+    # -- a running reader's check that what it serves is still what was committed ----------------
+
+    def _stats(self) -> Dict[str, Optional[tuple]]:
+        out: Dict[str, Optional[tuple]] = {}
+        for name in self._watched:
+            try:
+                st = os.stat(self.root / name)
+                out[name] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            except FileNotFoundError:
+                out[name] = None
+        return out
+
+    def check_unchanged(self) -> None:
+        """Refuse (:class:`IndexDamagedError` naming the file) to go on serving this generation once a
+        committed file no longer holds what its manifest committed.
+
+        Cost: one ``stat`` per file and SQLite's ``data_version`` (a few µs each, ~0.1 ms for a whole
+        store); a file whose stat changed since it was last checked has its committed bytes
+        checksummed again (CRC-32, ~1 GB/s) and a written metadata file is digested again (its rows).
+        A writer's appends change the stats too: they are checked and pass (committed bytes and rows
+        never change). A damaged file stays refused until it is checked again and passes."""
+        with self._check_lock:
+            stats = self._stats()
+            changed = [name for name in self._watched if stats[name] != self._seen.get(name)]
+            version = None
+            if self.meta is not None:
+                version = self.meta.data_version()
+                if version != self._meta_version and self.manifest["metadata"] not in changed:
+                    changed.append(self.manifest["metadata"])
+            metadata = self.manifest.get("metadata")
+            for name in dict.fromkeys(metadata if metadata and n.startswith(metadata) else n for n in changed):
+                self._damaged.pop(name, None)
+                try:
+                    if name in self.manifest["files"]:
+                        check_files(self.root, {name: self.manifest["files"][name]}, verify=True)
+                    elif self.meta is not None:
+                        self.meta.verify(self.manifest, self.path, verify=True)
+                except IndexFolderError as exc:
+                    said = str(exc).split(name, 1)[-1].lstrip(":").strip() if name in str(exc) else ""
+                    self._damaged[name] = said or "does not match what was committed"
+            self._seen = stats
+            if version is not None:
+                self._meta_version = version
+            if self._damaged:
+                name = sorted(self._damaged)[0]
+                raise IndexDamagedError(self.path, self._prefix + name, self._damaged[name])
 
     def close(self) -> None:
         """Close the metadata connection (memory maps go with the object)."""

@@ -168,8 +168,8 @@ class IndexHolder:
 
         One request reopens a newer generation while the others keep answering from the one they
         have (``wait``: a write's own request waits for it, so what it committed is what the next
-        request reads). A reopened generation's files are size-checked; their checksums were
-        computed by the writer that committed them (``verify_crc`` checks them on demand)."""
+        request reads). A reopened generation is checked as an index is at open (checksums of files up
+        to ``VERIFY_LIMIT``, the metadata's digest): ~1 s a GB of store, once per generation."""
         try:
             key = self._key()
         except OSError:  # mid-rename of a rebuilt folder: keep serving the open one
@@ -179,7 +179,7 @@ class IndexHolder:
                 key = self._key()
                 if key != self._current.key:
                     try:
-                        self._current = self._open(verify=False)
+                        self._current = self._open()
                         self.reload_error = None
                     except (ValueError, OSError) as exc:  # e.g. rebuilt with another model
                         self.reload_error = str(exc)
@@ -187,6 +187,13 @@ class IndexHolder:
             finally:
                 self._lock.release()
         return self._current.index
+
+    def read(self):
+        """The current generation for a read, checked to hold what was committed
+        (:meth:`~agrame.index.base.BaseIndex.check_unchanged`: IndexDamagedError otherwise)."""
+        idx = self.current()
+        idx.check_unchanged()
+        return idx
 
 
 class FixedHolder:
@@ -198,6 +205,10 @@ class FixedHolder:
         self.index, self.path, self.encoder = index, Path(index.path), index.encoder
 
     def current(self, wait: bool = False):
+        return self.index
+
+    def read(self):
+        self.index.check_unchanged()
         return self.index
 
 
@@ -515,6 +526,16 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
         return JSONResponse({"error": f"no space left on the server writing {exc.file} ({exc.reason}); the index "
                                       "holds its last committed generation and nothing of this write"}, status_code=507)
 
+    from agrame.index.format import IndexDamagedError
+
+    def _damaged_message(exc: IndexDamagedError) -> str:
+        return (f"the index is damaged: {exc.file} {exc.problem}; its reads are refused (never answered from "
+                "changed files) until it is restored or rebuilt")
+
+    @app.exception_handler(IndexDamagedError)
+    async def _damaged(_: Request, exc: IndexDamagedError):
+        return JSONResponse({"error": _damaged_message(exc), "damaged": exc.file}, status_code=503)
+
     @app.exception_handler(ValueError)
     async def _value(_: Request, exc: ValueError):
         from agrame.index import UnknownIdsError
@@ -538,6 +559,11 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
         if holder is None:
             return out
         idx = holder.current()
+        try:
+            idx.check_unchanged()
+            damaged = None
+        except IndexDamagedError as exc:
+            damaged = exc
         down = idx.unavailable()
         info: Dict[str, Any] = {"name": holder.path.name}
         try:
@@ -551,6 +577,10 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
         if holder.reload_error:
             info["reload_error"] = holder.reload_error
         out["index"] = info
+        if damaged is not None:
+            info["damaged"] = damaged.file
+            out.update(status="degraded", error=_damaged_message(damaged))
+            return JSONResponse(out, status_code=503)
         if not down:
             return out
         now = time.time()
@@ -575,11 +605,12 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
         the newer generation."""
         import sqlite3
 
-        idx = holder.current()
+        idx = holder.read()
         try:
             return answer(idx)
         except sqlite3.OperationalError:
-            newer = holder.current(wait=True)
+            holder.current(wait=True)
+            newer = holder.read()
             if newer is idx:
                 raise
             return answer(newer)
@@ -632,7 +663,7 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
         _check_text(passage_id, "id")
         if holder is None:
             raise _Error(404, "this server has no index (start it with --index DIR)")
-        idx = holder.current()
+        idx = holder.read()
         record = idx.get(passage_id)
         if record is None:
             raise _Error(404, f"no passage {passage_id!r}")
