@@ -18,6 +18,7 @@ from typing import List, Optional, Sequence
 from agrame import __version__
 from agrame.io import FORMATS, MAX_PASSAGE_CHARS, read_passages, read_text
 from agrame_app.commands import models as models_command
+from agrame_app.serve.http import Timeouts
 
 EXIT_USAGE = 2
 
@@ -53,6 +54,13 @@ def _add_writer_options(p: argparse.ArgumentParser) -> None:
 
 def _say(message: str) -> None:
     print(f"agrame: {message}", file=sys.stderr)
+
+
+def _positive_float(value: str) -> float:
+    number = _finite_float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value!r}")
+    return number
 
 
 def _positive_int(value: str) -> int:
@@ -168,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "searched as one index (shards in parallel)")
     index.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                        help="encode on a Ray cluster: an actor pool of encoders (one GPU each where the cluster "
-                            "has GPUs). ADDRESS: 'auto', ray://HOST:10001, or none to start Ray on this machine "
+                            "has GPUs). ADDRESS: 'auto' or HEAD:6379 (run on a node of the cluster), or none to start Ray "
+                            "on this machine; Ray Client (ray://) is not supported "
                             "(needs pip install 'agrame[ray]')")
     index.add_argument("--workers", type=_positive_int, default=None, metavar="N",
                        help="with --ray: encoder actors (default: one per GPU, else one per 2 CPUs)")
@@ -310,9 +319,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="file holding the API key that writes (and, with --protect-reads, reads) must send "
                             "as 'Authorization: Bearer KEY' or 'X-API-Key: KEY' (default: $AGRAME_API_KEY)")
     serve.add_argument("--protect-reads", action="store_true", help="require the API key for every endpoint but / and /health")
+    serve.add_argument("--header-timeout", type=_positive_float, default=Timeouts.header, metavar="SECONDS",
+                       help="a request's head must arrive whole within this many seconds of the connection (of its first "
+                            "byte on a kept-alive one), or a "
+                            f"408 closes the connection (slow clients; default: {Timeouts.header:g})")
+    serve.add_argument("--body-timeout", type=_positive_float, default=Timeouts.body, metavar="SECONDS",
+                       help=f"and its body within this many seconds of its head (default: {Timeouts.body:g})")
+    serve.add_argument("--keep-alive-timeout", type=_positive_int, default=Timeouts.keep_alive, metavar="SECONDS",
+                       help="an idle connection between requests is closed after this many seconds "
+                            f"(default: {Timeouts.keep_alive})")
     serve.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                        help="serve a sharded index through one Ray actor per shard, spread over the cluster "
-                            "('auto', ray://HOST:10001, or none for Ray on this machine); a shard whose actor "
+                            "('auto' or HEAD:6379 from a node of the cluster, or none for Ray on this machine; Ray Client, "
+                            "ray://, is not supported); a shard whose actor "
                             "is down answers 503 unless the request sets allow_partial")
 
     explain = sub.add_parser(
@@ -736,8 +755,11 @@ def _cmd_serve(args) -> int:
             raise UsageError("--ray serves a sharded index (build one with agrame index --shards S)")
     app = create_app(args.index, model=args.model, allow_writes=args.allow_writes, api_key=api_key,
                      protect_reads=args.protect_reads, ray_address=args.ray)
+    from agrame_app.serve.http import server_config
+
+    timeouts = Timeouts(header=args.header_timeout, body=args.body_timeout, keep_alive=args.keep_alive_timeout)
     print(f"serving on http://{args.host}:{args.port}/", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.Server(server_config(app, args.host, args.port, timeouts, log_level="warning")).run()
     return 0
 
 
@@ -842,6 +864,9 @@ def _check_arguments(args) -> None:
                 except UnicodeEncodeError:
                     flag = name if name in ("query", "ids") else "--" + name.replace("_", "-")
                     raise UsageError(f"{flag}: not valid UTF-8 text ({ascii(item)[:60]})") from None
+    if str(getattr(args, "ray", None) or "").startswith("ray://"):
+        raise UsageError(f"--ray {args.ray}: Ray Client addresses (ray://) are not supported (docs/ray.md); run the "
+                         "command on a node of the cluster with --ray auto or --ray HEAD:6379")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

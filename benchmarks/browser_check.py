@@ -48,11 +48,14 @@ def _free_port() -> int:
 class Server:
     """``agrame serve``'s app under uvicorn in a thread, on a free loopback port."""
 
-    def __init__(self, app):
+    def __init__(self, app, timeouts=None):
         import uvicorn
 
+        from agrame_app.serve.http import Timeouts, server_config
+
         self.port = _free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.server = uvicorn.Server(server_config(app, "127.0.0.1", self.port, timeouts or Timeouts(),
+                                                   log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> "Server":

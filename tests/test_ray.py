@@ -291,6 +291,34 @@ def test_shard_actor_sizes_let_every_shard_fit():
     assert shard_cpus([1, 1], 3) == 0.5 and shard_cpus([16], 2, threads=4) == 4
 
 
+def test_a_moved_shard_folder_is_a_503_naming_the_shard_without_a_traceback(ray_sharded, tiny_model_dir):
+    from fastapi.testclient import TestClient
+
+    from agrame_app.serve import create_app
+
+    remote, _ = ray_sharded
+    client = TestClient(create_app(remote, model=str(tiny_model_dir)), raise_server_exceptions=False)
+    before = client.get("/health").json()
+    assert before["status"] == "ok"
+    folder = remote.path / remote.shards_manifest["shards"][2]
+    folder.rename(folder.with_name("moved-away"))
+    try:
+        for answer in (client.post("/search", json={"query": "coral", "granularity": "passage"}),
+                       client.get("/health")):
+            text = answer.text
+            assert answer.status_code == 503, text
+            assert "shard 2" in answer.json()["error"] and "shard-002" in answer.json()["error"], text
+            for leak in ("Traceback", "\\u001b", "\x1b", str(remote.path), "ActorID", "ray::"):
+                assert leak not in text, (leak, text)
+        health = client.get("/health").json()
+        assert health["index"]["unavailable"][0]["permanent"] is True
+        assert health["index"]["generation"] == before["index"]["generation"]  # one meaning, degraded or not
+    finally:
+        folder.with_name("moved-away").rename(folder)
+    assert client.get("/health").json()["status"] == "ok"
+    assert client.post("/search", json={"query": "coral", "granularity": "passage"}).status_code == 200
+
+
 def test_a_shard_lost_for_good_is_reported_as_lost_not_as_a_retry(ray_sharded, tiny_model_dir):
     """Last of the module's shard tests: it kills an actor for good."""
     from fastapi.testclient import TestClient

@@ -42,9 +42,11 @@ def two_nodes():
                 "--include-dashboard=false", env=env)
     assert head.returncode == 0, head.stderr[-2000:]
     try:
-        worker = _ray("start", f"--address=127.0.0.1:{port}", "--num-cpus=1", "--disable-usage-stats", env=env)
+        manager = _free_port()  # the second raylet's port: how the node-loss test finds it to kill it
+        worker = _ray("start", f"--address=127.0.0.1:{port}", "--num-cpus=1", "--disable-usage-stats",
+                      f"--node-manager-port={manager}", env=env)
         assert worker.returncode == 0, worker.stderr[-2000:]
-        yield f"127.0.0.1:{port}", env
+        yield f"127.0.0.1:{port}", env, manager
     finally:
         _ray("stop", "--force", env=env)
 
@@ -73,7 +75,7 @@ print(json.dumps(sorted(n["Resources"].get("CPU", 0) for n in ray.nodes() if n.g
 def test_a_build_without_workers_fits_one_cpu_nodes(two_nodes, tmp_path, tiny_model_dir):
     from agrame.index import Index
 
-    address, env = two_nodes
+    address, env, _ = two_nodes
     nodes = subprocess.run([sys.executable, "-c", _NODES, address], env=env, capture_output=True, text=True,
                            timeout=120)
     assert nodes.stdout.strip().splitlines()[-1] == "[1.0, 1.0]", nodes.stderr[-2000:]
@@ -121,7 +123,7 @@ def test_three_shards_start_on_two_one_cpu_nodes_and_report_a_restarting_one(two
     from agrame.io import read_passages
     from agrame.index.sharded import ShardedIndex, build_sharded
 
-    address, env = two_nodes
+    address, env, _ = two_nodes
     path = tmp_path / "sh"
     build_sharded(tiny_encoder, read_passages(str(_corpus_file(tmp_path))), path, 3, progress=False)
     served = subprocess.run([sys.executable, "-c", _SERVE, address, str(path), str(tiny_model_dir)], env=env,
@@ -130,3 +132,66 @@ def test_three_shards_start_on_two_one_cpu_nodes_and_report_a_restarting_one(two
     local = ShardedIndex(path, model=tiny_encoder)
     want = [[h.passage_id, round(h.score, 4)] for h in local.search("coral reef", "passage", top_k=5, exact=True)]
     assert json.loads(served.stdout.strip().splitlines()[-1]) == want
+
+
+_LOSE_NODE = """
+import json, os, signal, sys, time
+from fastapi.testclient import TestClient
+from agrame.index.distributed import RayShardedIndex
+from agrame_app.serve import create_app
+index = RayShardedIndex(sys.argv[2], model=sys.argv[3], address=sys.argv[1], timeout=10, probe_timeout=2)
+client = TestClient(create_app(index), raise_server_exceptions=False)
+before = client.get("/health").json()
+assert before["status"] == "ok", before
+os.kill(int(sys.argv[4]), signal.SIGKILL)  # the second raylet, as a machine that is lost
+killed = time.monotonic()
+states = []
+while time.monotonic() - killed < 120:
+    health = client.get("/health")
+    body = health.json()
+    states.append([round(time.monotonic() - killed, 1), health.status_code, body.get("error", "")])
+    if body.get("status") == "degraded" and all(u["permanent"] for u in body["index"]["unavailable"]):
+        break
+    time.sleep(1)
+search = client.post("/search", json={"query": "coral reef", "granularity": "passage"})
+print(json.dumps({"seconds": round(time.monotonic() - killed, 1), "health": body, "search": search.json(),
+                  "search_status": search.status_code, "retry_after": search.headers.get("retry-after"),
+                  "generation_before": before["index"]["generation"], "states": states[-5:]}))
+"""
+
+
+def _raylet_pid(port: int) -> int:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(b"raylet") and f"--node_manager_port={port}".encode() in argv:
+                return int(entry.name)
+    raise AssertionError(f"no raylet on port {port}")
+
+
+def test_a_lost_node_is_reported_lost_naming_the_shortfall(two_nodes, tmp_path, tiny_encoder, tiny_model_dir):
+    """Runs last in this module: it kills the second raylet. Ray answers calls to the actors it lost with
+    ActorDiedError/ActorUnavailableError, not a timeout; the shortfall must be read from the live nodes
+    whatever the error."""
+    import json
+
+    from agrame.io import read_passages
+    from agrame.index.sharded import build_sharded
+
+    address, env, manager = two_nodes
+    path = tmp_path / "sh"
+    build_sharded(tiny_encoder, read_passages(str(_corpus_file(tmp_path))), path, 3, progress=False)
+    run = subprocess.run([sys.executable, "-c", _LOSE_NODE, address, str(path), str(tiny_model_dir),
+                          str(_raylet_pid(manager))], env=env, capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    health = out["health"]
+    assert health["status"] == "degraded" and health["index"]["unavailable"], out
+    assert all(u["permanent"] for u in health["index"]["unavailable"]), out
+    assert "the live nodes offer 1 CPU" in health["error"] and "need 1.5" in health["error"], out
+    assert out["search_status"] == 503 and out["retry_after"] is None and out["search"].get("permanent") is True, out
+    assert health["index"]["generation"] == out["generation_before"]  # degraded, the same meaning
+    print("lost node reported after", out["seconds"], "s")

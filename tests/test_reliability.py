@@ -211,3 +211,107 @@ def test_a_running_server_refuses_an_edited_store_file_and_recovers_when_it_is_r
     file.write_bytes(original)
     assert client.get("/health").json()["status"] == "ok"
     assert client.get("/passages/p2").json()["text"] == text
+
+
+# -- 5. HTTP on a real server: bodies over a limit get their 413, slow clients are timed out ------
+
+def _read_response(sock, limit: float = 10.0) -> bytes:
+    import socket
+    import time
+
+    sock.settimeout(0.5)
+    data, deadline = b"", time.time() + limit
+    while time.time() < deadline:
+        try:
+            part = sock.recv(65536)
+        except socket.timeout:
+            continue
+        except ConnectionResetError:
+            return data + b"<reset>"
+        if not part:
+            return data  # closed by the server
+        data += part
+    return data + b"<open>"
+
+
+def test_a_chunked_body_over_the_limit_is_a_413_not_a_reset(tiny_model_dir):
+    import socket
+    import threading
+
+    from agrame_app.serve import create_app
+
+    from benchmarks.browser_check import Server
+
+    with Server(create_app(None, model=str(tiny_model_dir))) as server:
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall(b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")
+        got = []
+        reader = threading.Thread(target=lambda: got.append(_read_response(sock)))
+        reader.start()
+        try:
+            for _ in range(600):  # 2.4 MB against /search's 1 MB, read as it streams
+                sock.sendall(b"1000\r\n" + b" " * 4096 + b"\r\n")
+        except OSError:
+            pass  # the server may stop reading once it has answered
+        reader.join()
+        assert got[0].startswith(b"HTTP/1.1 413 "), got[0][:200]
+        assert b'{"error":"body over 1,048,576 bytes' in got[0]
+
+
+def test_slow_and_idle_clients_are_timed_out(tiny_model_dir):
+    import socket
+    import time
+
+    from agrame_app.serve import create_app
+    from agrame_app.serve.http import Timeouts
+
+    from benchmarks.browser_check import Server
+
+    with Server(create_app(None, model=str(tiny_model_dir)), Timeouts(header=1.0, body=1.0, keep_alive=1)) as server:
+        def connect():
+            return socket.create_connection(("127.0.0.1", server.port))
+
+        # 50 slowloris sockets: a byte of the head every 0.2 s
+        slow = [connect() for _ in range(50)]
+        head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 40
+        started = time.time()
+        closed = set()
+        for i in range(len(head)):
+            for k, sock in enumerate(slow):
+                if k not in closed:
+                    try:
+                        sock.sendall(head[i:i + 1])
+                    except OSError:
+                        closed.add(k)
+            time.sleep(0.2)
+            if len(closed) == len(slow) or time.time() - started > 4:
+                break
+        answers = [_read_response(sock, 3.0) for sock in slow]
+        assert all(a.startswith(b"HTTP/1.1 408 ") and b"request head not received within 1 s" in a or a == b""
+                   for a in answers), answers[:3]
+        assert sum(a.startswith(b"HTTP/1.1 408 ") for a in answers) >= 40
+        # a body that trickles
+        sock = connect()
+        sock.sendall(b"POST /rank HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        answer = _read_response(sock, 4.0)
+        assert answer.startswith(b"HTTP/1.1 408 ") and b"request body not received within 1 s" in answer, answer
+        # an idle kept-alive connection, after a whole request, is closed
+        sock = connect()
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = _read_response(sock, 4.0)
+        assert answer.startswith(b"HTTP/1.1 200 ") and not answer.endswith(b"<open>"), answer[-50:]
+        # and a normal request is served as before
+        import urllib.request
+
+        assert json.loads(urllib.request.urlopen(server.url + "/health", timeout=5).read())["status"] == "ok"
+
+
+def test_help_offers_only_supported_ray_addresses_and_ray_client_is_refused(capsys):
+    for command in ("index", "serve"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        out = capsys.readouterr().out
+        assert "ray://HOST" not in out and "HEAD:6379" in out
+    assert main(["serve", "-i", "nowhere", "--ray", "ray://head:10001"]) == 2
+    assert "Ray Client addresses (ray://) are not supported" in capsys.readouterr().err

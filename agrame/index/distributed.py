@@ -13,7 +13,8 @@ the others. With the same codec, passage order and block size as a local build's
 are the same as the local build's.
 
 ``address``: ``None`` / ``"local"`` starts Ray on this machine, ``"auto"`` joins the cluster this
-machine belongs to (``ray start``), ``ray://HOST:10001`` connects a client to a remote head.
+machine belongs to (``ray start``), ``HEAD:6379`` joins that head's cluster (from one of its nodes;
+Ray Client, ``ray://``, is not supported: docs/ray.md).
 """
 
 from __future__ import annotations
@@ -384,8 +385,12 @@ class ShardActor:
         self._crash_next = False
 
     def ready(self) -> dict:
+        """Who answers — after checking that its folder still holds the committed shard (a moved,
+        removed or edited folder is an error here, so a health probe sees it as a search would)."""
         import ray
 
+        self.index.reload()
+        self.index.check_unchanged()
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
 
     def crash_on_next_call(self) -> None:
@@ -396,6 +401,7 @@ class ShardActor:
         if self._crash_next:
             os._exit(1)
         self.index.reload()
+        self.index.check_unchanged()
         return self.index
 
     def summary(self) -> dict:
@@ -456,6 +462,10 @@ class RayShardedIndex(ShardedWrites, BaseIndex):
         self.placement = None if placement is None else [dict(p) for p in placement]
         #: shard → {"shard", "since", "reason", "permanent"} while it does not answer
         self._down: Dict[int, dict] = {}
+        #: shard → its last generation seen (a degraded index's generation does not drop)
+        self._generations: Dict[int, int] = {
+            i: int(read_manifest(self.path / name).get("generation", 1))
+            for i, name in enumerate(self.shards_manifest["shards"])}
         node_cpus = [float(n.get("Resources", {}).get("CPU", 0)) for n in ray.nodes() if n.get("Alive", True)]
         cpus = shard_cpus(node_cpus, self.num_shards, threads_per_shard)
         self.actor_cpus = cpus
@@ -505,7 +515,7 @@ class RayShardedIndex(ShardedWrites, BaseIndex):
         (one for all shards, not one each) is missing, and its state noted for :meth:`unavailable`."""
         import time as _time
 
-        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
         timeout = self.timeout if timeout is None else timeout
         deadline = _time.monotonic() + timeout
@@ -514,8 +524,19 @@ class RayShardedIndex(ShardedWrites, BaseIndex):
             try:
                 results[s] = self.ray.get(ref, timeout=max(0.0, deadline - _time.monotonic()))
                 self._down.pop(s, None)
+                manifest = results[s].get("manifest") if isinstance(results[s], dict) else None
+                if manifest:
+                    self._generations[s] = int(manifest.get("generation", 1))
             except (RayActorError, GetTimeoutError) as exc:
                 failed[s] = exc
+            except RayTaskError as exc:
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, (IndexFolderError, OSError)):  # its folder moved, removed or unreadable
+                    failed[s] = cause
+                elif isinstance(cause, ValueError):  # the request's own fault (a filter, an id): as if local
+                    raise cause from None
+                else:
+                    raise
         for s, exc in failed.items():
             self._note_down(s, exc, timeout)
         missing = sorted(failed)
@@ -530,19 +551,26 @@ class RayShardedIndex(ShardedWrites, BaseIndex):
 
         before = self._down.get(shard)
         permanent = bool(before and before["permanent"])
-        if isinstance(exc, ActorDiedError) and getattr(exc, "_actor_init_failed", False):
+        if isinstance(exc, (IndexFolderError, OSError)) and not isinstance(exc, GetTimeoutError):  # (a TimeoutError)
+            # said without the server's paths: the shard by name, what is wrong with its folder
+            name = self.shards_manifest["shards"][shard]
+            said = str(exc).replace(str(self.path / name), name).replace(str(self.path), "the index")
+            permanent, reason = True, f"its folder cannot be read ({said})"
+        elif isinstance(exc, ActorDiedError) and getattr(exc, "_actor_init_failed", False):
             permanent, reason = True, "its actor failed to open the shard on restart, and Ray will not retry it"
         elif isinstance(exc, ActorDiedError) and self._dead_for_good(shard):
             permanent, reason = True, "its actor is dead and Ray will not restart it"
-        elif isinstance(exc, GetTimeoutError):
-            reason = f"no answer within {timeout:g} s"
-            short = self._cannot_place(shard)
-            if short:
-                permanent, reason = True, f"{reason}: {short}"
-            else:
-                reason += " (its actor is restarting or busy)"
         else:
-            reason = "its actor died and Ray is restarting it"
+            # Ray answers a call to an actor it cannot place in several ways (a timeout, ActorUnavailableError
+            # while it restarts, ActorDiedError with its node): whichever, the live nodes decide whether it
+            # can come back — the same check for all of them
+            short = self._cannot_place(shard)
+            if isinstance(exc, GetTimeoutError):
+                reason = f"no answer within {timeout:g} s"
+                reason += f": {short}" if short else " (its actor is restarting or busy)"
+            else:
+                reason = f"its actor died: {short}" if short else "its actor died and Ray is restarting it"
+            permanent = permanent or bool(short)
         self._down[shard] = {"shard": shard, "since": before["since"] if before else _time.time(),
                              "reason": reason, "permanent": permanent}
 
@@ -601,7 +629,9 @@ class RayShardedIndex(ShardedWrites, BaseIndex):
         summaries, missing = self._summaries(True)
         ms = [r["manifest"] for r in summaries]
         out = {"format": self.shards_manifest["format"], "model": ms[0]["model"], "num_shards": self.num_shards,
-               "generation": sum(int(m.get("generation", 1)) for m in ms),
+               # every shard's last committed generation seen, those down included: the same number
+               # whether degraded or not (the local sharded index's sum of its shards' generations)
+               "generation": sum(self._generations.get(s, 1) for s in range(self.num_shards)),
                "has_spans": any(m.get("has_spans") for m in ms),
                "num_passages": sum(int(m["num_passages"]) for m in ms),
                "num_deleted": sum(int(m.get("num_deleted", 0)) for m in ms), "nbits": ms[0].get("nbits"),

@@ -408,7 +408,7 @@ class IndexWriter:
         return NoSpaceError(f"no space left writing index {self.path} ({exc.file}: {exc.reason}); it holds its last "
                             f"committed generation ({generation}) and nothing of this write", exc.file, exc.reason)
 
-    def __exit__(self, kind, exc, tb) -> None:
+    def __exit__(self, kind=None, exc=None, tb=None) -> None:
         try:
             if exc is not None and not isinstance(exc, (UnknownIdsError, KeyboardInterrupt)):
                 self._roll_back()

@@ -191,8 +191,19 @@ class IndexHolder:
     def read(self):
         """The current generation for a read, checked to hold what was committed
         (:meth:`~agrame.index.base.BaseIndex.check_unchanged`: IndexDamagedError otherwise)."""
+        from agrame.index.format import IndexDamagedError
+
         idx = self.current()
-        idx.check_unchanged()
+        try:
+            idx.check_unchanged()
+        except IndexDamagedError:
+            # a writer that committed meanwhile removes what its generation supersedes (an old inverted
+            # file, a compacted store): that is no damage, the newer generation is what to check and serve
+            newer = self.current(wait=True)
+            if newer is idx:
+                raise
+            newer.check_unchanged()
+            return newer
         return idx
 
 
