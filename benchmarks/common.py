@@ -122,3 +122,22 @@ def sentence_of(spans: Sequence[Tuple[int, int]], char: int) -> int:
         if char < e:
             return i
     return len(spans) - 1
+
+
+def tiny_encoder(doc_maxlen: int = 24, query_maxlen: int = 8, dim: Optional[int] = 16, seed: int = 0):
+    """A tiny randomly initialised BERT that encodes in milliseconds (the tests' model, and the
+    standing safety suite's: what it checks is the store, not the ranking)."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    from agrame.encoder import Encoder, EncoderSettings, default_model_path
+
+    torch.manual_seed(seed)
+    # The real MiniLM vocabulary keeps tokenisation (unicode, word pieces, offsets) realistic.
+    tokenizer = BertTokenizerFast(vocab_file=str(default_model_path() / "vocab.txt"), do_lower_case=True)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=512)
+    backbone = BertModel(config, add_pooling_layer=False)
+    projection = torch.nn.Linear(32, dim, bias=False) if dim else None
+    settings = EncoderSettings(dim=dim, doc_maxlen=doc_maxlen, doc_overlap=6, query_maxlen=query_maxlen)
+    return Encoder(backbone, tokenizer, settings, projection, source="tiny-test-bert")

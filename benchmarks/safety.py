@@ -430,7 +430,17 @@ def main(argv=None) -> None:
     flips.add_argument("--flips", type=int, default=100)
     flips.add_argument("--seed", type=int, default=0)
     sub.add_parser("bounds", help="wide/deep filters, deep JSON, oversize bodies, heavy searches")
+    suite = sub.add_parser("suite", help="the standing suite: fuzz, kill, tamper (benchmarks.standing); CI's size "
+                                         "unless --minutes")
+    suite.add_argument("--seed", type=int, default=None, help="(default: from the clock; printed first)")
+    suite.add_argument("--minutes", type=float, default=None, help="the long run: counts scaled to about this long")
+    suite.add_argument("--only", nargs="+", choices=["fuzz", "kill", "tamper"], default=None)
+    suite.add_argument("--work", default=None, help="working folder (default: a temporary one)")
+    suite.add_argument("--out", default=None, help="result file (default: benchmarks/results/safety-suite.json "
+                                                   "for --minutes, none for CI's size)")
     args = parser.parse_args(argv)
+    if args.probe == "suite":
+        raise SystemExit(_suite(args, argv))
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -447,6 +457,24 @@ def main(argv=None) -> None:
               "seconds": round(time.perf_counter() - started, 1)}
     out = write_result(f"safety-{args.probe}", result, None, command_line("benchmarks.safety", argv))
     print(json.dumps(result, indent=1)[:4000], "→", out)
+
+
+def _suite(args, argv) -> int:
+    from .standing import CI_COUNTS, LONG_PER_MINUTE, run_suite
+
+    seed = args.seed if args.seed is not None else int(time.time() * 1000) % 1_000_000
+    counts = dict(CI_COUNTS) if args.minutes is None else \
+        {k: max(CI_COUNTS[k], int(v * args.minutes)) for k, v in LONG_PER_MINUTE.items()}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run_suite(Path(args.work or tmp), seed, counts, args.only)
+    result = {"benchmark": "safety-suite", "model": "tiny test model", **result,
+              "seconds": round(time.perf_counter() - started, 1)}
+    print(f"suite: {result['failures']} failures in {result['seconds']} s (seed {seed})")
+    if args.out or args.minutes is not None:
+        out = write_result("safety-suite", result, args.out, command_line("benchmarks.safety", argv))
+        print("→", out)
+    return 1 if result["failures"] else 0
 
 
 if __name__ == "__main__":

@@ -9,19 +9,9 @@ import torch
 
 
 def _make_tiny_encoder(doc_maxlen: int = 24, query_maxlen: int = 8, dim: int | None = 16, seed: int = 0):
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+    from benchmarks.common import tiny_encoder
 
-    from agrame.encoder import Encoder, EncoderSettings, default_model_path
-
-    torch.manual_seed(seed)
-    # The real MiniLM vocabulary keeps tokenisation (unicode, word pieces, offsets) realistic.
-    tokenizer = BertTokenizerFast(vocab_file=str(default_model_path() / "vocab.txt"), do_lower_case=True)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=512)
-    backbone = BertModel(config, add_pooling_layer=False)
-    projection = torch.nn.Linear(32, dim, bias=False) if dim else None
-    settings = EncoderSettings(dim=dim, doc_maxlen=doc_maxlen, doc_overlap=6, query_maxlen=query_maxlen)
-    return Encoder(backbone, tokenizer, settings, projection, source="tiny-test-bert")
+    return tiny_encoder(doc_maxlen=doc_maxlen, query_maxlen=query_maxlen, dim=dim, seed=seed)
 
 
 @pytest.fixture(scope="session")

@@ -315,3 +315,51 @@ def test_help_offers_only_supported_ray_addresses_and_ray_client_is_refused(caps
         assert "ray://HOST" not in out and "HEAD:6379" in out
     assert main(["serve", "-i", "nowhere", "--ray", "ray://head:10001"]) == 2
     assert "Ray Client addresses (ray://) are not supported" in capsys.readouterr().err
+
+
+# -- found by the standing suite ------------------------------------------------------------------
+
+def test_a_killed_fresh_build_leaves_nothing_after_the_next_build_of_that_path(tmp_path, tiny_encoder):
+    """A fresh build killed before or after its first write left its temporary folder beside the path
+    for ever: the next build of the same path checked it with the build lock it held itself."""
+    from benchmarks.standing import _killed
+
+    from agrame.index.writer import BUILD_MARKER
+
+    path = tmp_path / "ix"
+    passages = _passages()
+    for contents in ([], [BUILD_MARKER], [BUILD_MARKER, "centroids.f16", "codes.bin"]):
+        left = tmp_path / ".ix.tmp-999999"  # a killed build's (dead pid)
+        left.mkdir()
+        for name in contents:
+            (left / name).write_bytes(b"\0" * 8)
+        build_index(tiny_encoder, passages, path, progress=False, overwrite=path.exists())
+        assert not left.exists(), contents
+    # and killed for real, at a moment inside the build
+    for delay in (0.0, 0.005, 0.02, 0.05):
+        import shutil
+
+        shutil.rmtree(path)
+        _killed(lambda: build_index(tiny_encoder, passages, path, progress=False), delay)
+        shutil.rmtree(path, ignore_errors=True)
+        build_index(tiny_encoder, passages, path, progress=False)
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".ix.")) == [], delay
+    assert (tmp_path / ".ix.tmp-1").exists() is False
+    users = tmp_path / ".other.tmp-999999"  # empty, and named after another index: maybe anybody's
+    users.mkdir()
+    build_index(tiny_encoder, passages, path, progress=False, overwrite=True)
+    assert users.exists()
+
+
+def test_an_edited_shards_file_under_a_running_server_is_a_503_naming_it(tmp_path, tiny_encoder, tiny_model_dir):
+    from agrame.index.sharded import build_sharded
+
+    path = tmp_path / "sh"
+    build_sharded(tiny_encoder, _passages(), path, 2, progress=False)
+    client = _server(path, tiny_model_dir)
+    assert client.get("/health").json()["status"] == "ok"
+    data = bytearray((path / "shards.json").read_bytes())
+    data[5] ^= 0x04
+    (path / "shards.json").write_bytes(bytes(data))
+    for answer in (client.get("/passages/p1"), client.post("/search", json={"query": "coral"}), client.get("/health")):
+        assert answer.status_code == 503 and "shards.json" in answer.text and str(path) not in answer.text, answer.text

@@ -54,6 +54,9 @@ DEFAULT_COMPACT_THRESHOLD = 0.2
 COMPACT_CHUNK = 2048
 
 _TEMP = re.compile(r"\..+\.tmp-(\d+)")
+#: Written first into a fresh build's temporary folder: what proves an otherwise empty one (a build
+#: killed while it trained its codec) to be a build's, so that the next build there removes it.
+BUILD_MARKER = ".agrame-build"
 _EPOCH = re.compile(r"s(\d+)")
 _SHARD = re.compile(r"shard-\d{3,6}")
 _OURS = re.compile(r"(ivf-\d+\.(offsets|pids)\.bin|deleted-\d+\.bin|meta\.sqlite(-wal|-shm|-journal)?|"
@@ -160,7 +163,7 @@ def collect_garbage(path: Path, manifest: dict) -> List[str]:
     return removed
 
 
-def _stale_temp(entry: Path) -> bool:
+def _stale_temp(entry: Path, held: Optional[Path] = None) -> bool:
     """A ``.NAME.tmp-PID`` folder beside an index that a writer which died left: its pid is gone,
     nobody holds NAME's build lock, and it holds only what an index build writes."""
     match = _TEMP.fullmatch(entry.name)
@@ -168,17 +171,22 @@ def _stale_temp(entry: Path) -> bool:
         return False
     try:
         names = {sub.name: sub.is_dir() for sub in entry.iterdir()}
-        if not all(_ours(name) or name in (MANIFEST, LOCK_FILE, "shards.json", "journal.json")
+        if not all(_ours(name) or name in (MANIFEST, LOCK_FILE, "shards.json", "journal.json", BUILD_MARKER)
                    or ((_EPOCH.fullmatch(name) or _SHARD.fullmatch(name)) and is_dir)
                    for name, is_dir in names.items()):
             return False
-        # and something only a build writes first (an empty folder may be anybody's)
-        if not ({MANIFEST, "centroids.f16", "vectors.f16", "shards.json"} & set(names)
+        # and something only a build writes first (an empty folder may be anybody's — but not one named
+        # after the index this process is building: a build of it killed before its first write)
+        if not names and held is not None and entry.parent / entry.name[1:entry.name.rindex(".tmp-")] == held:
+            return True
+        if not ({MANIFEST, "centroids.f16", "vectors.f16", "shards.json", BUILD_MARKER} & set(names)
                 or any(_SHARD.fullmatch(name) for name in names)):
             return False
     except OSError:
         return False
     target = entry.parent / entry.name[1:entry.name.rindex(".tmp-")]
+    if held is not None and target == held:
+        return True  # this process holds that build lock: a dead pid's folder is a killed build's
     lock = build_lock(target)
     try:
         lock.acquire()
@@ -188,14 +196,16 @@ def _stale_temp(entry: Path) -> bool:
     return True
 
 
-def stale_beside(path: Path, every: bool = False) -> List[Path]:
+def stale_beside(path: Path, every: bool = False, held: bool = False) -> List[Path]:
     """Temporary folders of dead writers beside ``path`` (``.NAME.tmp-PID``); ``every``: of any
-    index in ``path``'s parent (a fresh build's leftovers are cleaned by the next build there)."""
+    index in ``path``'s parent (a fresh build's leftovers are cleaned by the next build there);
+    ``held``: the caller holds ``path``'s build lock (a build of that path: its own earlier killed
+    builds' folders are stale, though the lock they would be checked with is taken)."""
     out = []
     if path.parent.is_dir():
         pattern = ".*.tmp-*" if every else f".{glob_escape(path.name)}.tmp-*"
         for entry in path.parent.glob(pattern):
-            if _stale_temp(entry):
+            if _stale_temp(entry, path if held else None):
                 out.append(entry)
     return out
 
@@ -316,18 +326,20 @@ def _build_locked(path: Path, overwrite: bool, write, exchange: bool, say) -> bo
                     raise IndexFolderError(f"{path} holds files that are not the index's ({shown}); --overwrite "
                                            "would delete them: move them out first")
                 replacing = True
-        for stale in stale_beside(path, every=True):
+        for stale in stale_beside(path, every=True, held=True):
             _remove(stale)
             say(f"removed {stale.name}, left beside {path.name} by a writer that died")
         tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
         _remove(tmp)
         tmp.mkdir()
+        (tmp / BUILD_MARKER).write_text(f"{os.getpid()}\n")
     except OSError as exc:
         raise _folder_error(path, exc) from None
     try:
         manifest = write(tmp)
         if manifest is not None:
             write_manifest(tmp, manifest)
+        (tmp / BUILD_MARKER).unlink(missing_ok=True)
         if replacing:
             _exchange(tmp, path)
             _remove(tmp)  # the old index, now at the temporary name

@@ -170,10 +170,15 @@ class IndexHolder:
         have (``wait``: a write's own request waits for it, so what it committed is what the next
         request reads). A reopened generation is checked as an index is at open (checksums of files up
         to ``VERIFY_LIMIT``, the metadata's digest): ~1 s a GB of store, once per generation."""
+        from agrame.index.format import IndexDamagedError, IndexFolderError
+
         try:
             key = self._key()
         except OSError:  # mid-rename of a rebuilt folder: keep serving the open one
             return self._current.index
+        except IndexFolderError as exc:  # shards.json no longer reads as the committed one
+            problem = str(exc).split("shards.json", 1)[-1].lstrip(":").strip() or "cannot be read"
+            raise IndexDamagedError(self.path, "shards.json", problem) from None
         if key != self._current.key and self._lock.acquire(blocking=wait):
             try:
                 key = self._key()
@@ -569,7 +574,12 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
                "fingerprint": encoder.fingerprint()[:12], "limits": limits.__dict__}
         if holder is None:
             return out
-        idx = holder.current()
+        try:
+            idx = holder.current()
+        except IndexDamagedError as exc:
+            out.update(status="degraded", error=_damaged_message(exc), index={"name": holder.path.name,
+                                                                             "damaged": exc.file})
+            return JSONResponse(out, status_code=503)
         try:
             idx.check_unchanged()
             damaged = None
