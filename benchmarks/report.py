@@ -1188,6 +1188,27 @@ def render_safety(results: List[dict]) -> str:
     return "\n".join(out)
 
 
+def render_safety_suite(results: List[dict]) -> str:
+    """Issue 52's standing suite, its long run (``python -m benchmarks.safety suite --minutes M``)."""
+    out = ["## The standing safety suite: fuzz, kill, tamper", "",
+           "CI runs the same suite at 2,000 / 100 / 100 cases on every change, seeded from the clock "
+           "(`tests/test_standing_suite.py`); this is its long run.", "",
+           "| part | cases | of them accepted or finished | failures | seconds | cases by kind |",
+           "|---|---:|---:|---:|---:|---|"]
+    for r in results:
+        for part, what in (("fuzz", "parsers, filters, HTTP, command line"), ("kill", "SIGKILL and full disks"),
+                           ("tamper", "bytes changed on disk and under a server")):
+            if part not in r:
+                continue
+            row = r[part]
+            kinds = ", ".join(f"{k} {v:,}" for k, v in row["by_kind"].items())
+            out.append(f"| {part} ({what}) | {row['cases']:,} | {row['accepted']:,} | **{row['failures']}** | "
+                       f"{row['seconds']} | {kinds} |")
+        out += ["", f"Seed {r['seed']} ({r['model']}); {r['failures']} failures in all, {r['seconds']} s."]
+    out += ["", _commands(results)]
+    return "\n".join(out)
+
+
 def render_scale_out(results: List[dict]) -> str:
     out = ["## Scale-out: Ray builds and sharded search", ""]
     for r in (r for r in results if r["what"].startswith("build")):
@@ -1347,6 +1368,7 @@ RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     "fault": render_fault,
     "hardening": render_hardening,
     "safety": render_safety,
+    "safety-suite": render_safety_suite,
     "scale_out": render_scale_out,
     "e5": render_e5,
     "export_parity": render_export_parity,
