@@ -1204,6 +1204,11 @@ def render_safety_suite(results: List[dict]) -> str:
             kinds = ", ".join(f"{k} {v:,}" for k, v in row["by_kind"].items())
             out.append(f"| {part} ({what}) | {row['cases']:,} | {row['accepted']:,} | **{row['failures']}** | "
                        f"{row['seconds']} | {kinds} |")
+        kills = r.get("kill", {}).get("outcomes")
+        if kills:
+            out += ["", f"States found after a kill or a full disk: {kills.get('before', 0):,} as before the "
+                        f"operation, {kills.get('after', 0):,} as after it (one calibration run per operation not "
+                        "counted); no other."]
         out += ["", f"Seed {r['seed']} ({r['model']}); {r['failures']} failures in all, {r['seconds']} s."]
     out += ["", _commands(results)]
     return "\n".join(out)

@@ -55,10 +55,14 @@ class Part:
         self.name, self.seed, self.cases, self.failures = name, seed, 0, []
         self.kinds: Dict[str, int] = {}
         self.accepted = 0  # cases that were valid after all (the others were refused, as they must be)
+        self.outcomes: Dict[str, int] = {}  # the kill loop: states found, before or after the operation
 
     def case(self, kind: str) -> None:
         self.cases += 1
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
+
+    def outcome(self, name: str) -> None:
+        self.outcomes[name] = self.outcomes.get(name, 0) + 1
 
     def fail(self, kind: str, what: str) -> None:
         if len(self.failures) < 50:
@@ -66,6 +70,7 @@ class Part:
 
     def result(self, seconds: float) -> dict:
         return {"cases": self.cases, "failures": len(self.failures), "accepted": self.accepted,
+                "outcomes": dict(sorted(self.outcomes.items())),
                 "by_kind": dict(sorted(self.kinds.items())),
                 "first_failures": self.failures[:20], "seconds": round(seconds, 1)}
 
@@ -397,6 +402,15 @@ def _forked(op: Callable[[], None]) -> int:
     return pid
 
 
+def _timed(op: Callable[[], None]) -> float:
+    """Seconds ``op`` takes in a forked child, to its exit (what a kill's moment is drawn against)."""
+    started = time.monotonic()
+    _, status = os.waitpid(_forked(op), 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError("an uninterrupted operation failed in its child")
+    return time.monotonic() - started
+
+
 def _killed(op: Callable[[], None], delay: float) -> bool:
     """Run ``op`` in a child killed with SIGKILL after ``delay`` seconds; whether it had finished."""
     pid = _forked(op)
@@ -503,10 +517,8 @@ def _kill_change(part, rng, path, encoder, op, trial, states, durations) -> None
     before = states[path]
     sharded = op.startswith("sharded")
     arg, content = _plan(rng, op, before, trial)
-    if op not in durations:  # one uninterrupted run measures how long the operation takes
-        started = time.monotonic()
-        _write(path, encoder, op, arg)
-        durations[op] = time.monotonic() - started
+    if op not in durations:  # one uninterrupted run, forked as the killed ones are, measures how long it takes
+        durations[op] = _timed(lambda: _write(path, encoder, op, arg))
         states[path] = state_of(path, encoder)
         if states[path]["content"] != content:
             part.fail(f"kill:{op}", "an uninterrupted run did not give the planned content")
@@ -516,6 +528,7 @@ def _kill_change(part, rng, path, encoder, op, trial, states, durations) -> None
     if sharded:  # a change across shards is all-or-redone: the next writer finishes it from the journal
         _recover(path, encoder)
     found = state_of(path, encoder)
+    part.outcome("before" if found == before else "after")
     if found != before and found["content"] != content:
         part.fail(f"kill:{op}", "a state neither before nor after the operation")
     elif found != before and found["generation"] <= before["generation"]:
@@ -536,12 +549,11 @@ def _kill_fresh(part, rng, path, encoder, durations) -> None:
     passages = _passages(rng, "f", 10)
     shutil.rmtree(path, ignore_errors=True)
     if "fresh" not in durations:
-        started = time.monotonic()
-        build_index(encoder, passages, path, progress=False)
-        durations["fresh"] = time.monotonic() - started
+        durations["fresh"] = _timed(lambda: build_index(encoder, passages, path, progress=False))
         shutil.rmtree(path)
     part.accepted += int(_killed(lambda: build_index(encoder, passages, path, progress=False),
                                  rng.uniform(0, 1.25 * durations["fresh"])))
+    part.outcome("after" if path.exists() else "before")
     if path.exists():
         found = state_of(path, encoder)
         if sorted(found["content"]) != sorted(p.id for p in passages):
@@ -577,6 +589,7 @@ def _full_disk(part, rng, path, encoder, states) -> None:
     if error is not None and not isinstance(error, NoSpaceError):
         part.fail("kill:full-disk", f"limit {limit}: {type(error).__name__}: {error}")
     found = state_of(path, encoder)
+    part.outcome("before" if error is not None else "after")
     want = before if error is not None else None
     if want is not None and found != want:
         part.fail("kill:full-disk", f"limit {limit}: refused, yet the index changed")

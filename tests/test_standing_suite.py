@@ -29,4 +29,5 @@ def test_the_standing_suite_finds_nothing(tmp_path):
     assert {k.split(":")[0] for k in result["fuzz"]["by_kind"]} == {"file", "filter", "http", "cli"}
     assert len(result["kill"]["by_kind"]) == 9 and len(result["tamper"]["by_kind"]) == 4
     assert result["kill"]["accepted"] < result["kill"]["cases"]  # most kills land mid-operation
+    assert result["kill"]["outcomes"]["before"] > 0 and result["kill"]["outcomes"]["after"] > 0  # both states seen
     print(f"standing suite: {seconds:.0f} s")  # (its time is the CI log's to show, not a timed test's to judge)
