@@ -1202,7 +1202,8 @@ def render_safety_suite(results: List[dict]) -> str:
                 continue
             row = r[part]
             kinds = ", ".join(f"{k} {v:,}" for k, v in row["by_kind"].items())
-            out.append(f"| {part} ({what}) | {row['cases']:,} | {row['accepted']:,} | **{row['failures']}** | "
+            accepted = "—" if part == "tamper" else f"{row['accepted']:,}"  # (a tamper case is not accepted)
+            out.append(f"| {part} ({what}) | {row['cases']:,} | {accepted} | **{row['failures']}** | "
                        f"{row['seconds']} | {kinds} |")
         kills = r.get("kill", {}).get("outcomes")
         if kills:
