@@ -582,8 +582,7 @@ class Store:
         """Refuse (:class:`IndexDamagedError` naming the file) to go on serving this generation once a
         committed file no longer holds what its manifest committed.
 
-        Cost: one ``stat`` per file and SQLite's ``data_version`` (a few µs each, ~0.1 ms for a whole
-        store); a file whose stat changed since it was last checked has its committed bytes
+        Cost: one ``stat`` per file and SQLite's ``data_version``; a file whose stat changed since it was last checked has its committed bytes
         checksummed again (CRC-32, ~1 GB/s) and a written metadata file is digested again (its rows).
         A writer's appends change the stats too: they are checked and pass (committed bytes and rows
         never change). A damaged file stays refused until it is checked again and passes."""
