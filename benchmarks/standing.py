@@ -372,7 +372,8 @@ def fuzz_cli(part: Part, rng: random.Random, index: Path, model: Path, work: Pat
         part.case(f"cli:{name}")
         out, err = io.StringIO(), io.StringIO()
         try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            # A bad value may be taken as a path to write ("{", "1e999"): it lands in the work folder.
+            with contextlib.chdir(work), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 code = main(argv)
         except SystemExit as exc:
             code = exc.code
