@@ -63,6 +63,15 @@ def _positive_float(value: str) -> float:
     return number
 
 
+def _pool_factor(value: str):
+    from agrame.pooling import check_pool_factor
+
+    try:
+        return check_pool_factor(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _positive_int(value: str) -> int:
     try:
         number = int(value)
@@ -161,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
                        + " (with --add: the index's own)")
     index.add_argument("--nbits", type=int, choices=(1, 2, 4, 8), default=2,
                        help="bits per dimension of each token's residual (default: 2, ~40 bytes per 128-d token)")
+    index.add_argument("--pool-factor", type=_pool_factor, default=None, metavar="F",
+                       help="keep about one vector per F tokens: adjacent tokens of a sentence pooled by Ward "
+                            "clustering, so every sentence and span stays searchable (default: 1, one per token; "
+                            "with --add/--upsert: the index's own, and another is refused)")
     index.add_argument("--format", dest="index_format", type=int, choices=(1, 2), default=2,
                        help="2: compressed (default); 1: float16 vectors, exhaustive search only")
     index.add_argument("--add", action="store_true",
@@ -494,6 +507,9 @@ def _cmd_index(args) -> int:
         raise UsageError("--shards and --ray build a new index; --add/--upsert keep the index's own layout")
     if args.index_format == 1 and (args.shards or args.ray):
         raise UsageError("--shards and --ray build compressed indexes (--format 2)")
+    if args.index_format == 1 and args.pool_factor not in (None, 1):
+        raise UsageError("--pool-factor needs a compressed index (--format 2)")
+    pool = 1 if args.pool_factor is None else args.pool_factor
     if (args.workers or args.resume) and not args.ray:
         raise UsageError("--workers and --resume go with --ray")
     ray_session = None
@@ -509,7 +525,7 @@ def _cmd_index(args) -> int:
         encoder = _index_model(args.index, args.model)
         with _writer(args.index, args) as writer:
             change = writer.upsert if args.upsert else writer.add
-            new = change(encoder, passages, batch_size=args.batch_size, progress=True)
+            new = change(encoder, passages, batch_size=args.batch_size, progress=True, pool_factor=args.pool_factor)
         print(f"{'upserted' if args.upsert else 'added'} {len(passages)} passages to {args.index} "
               f"({_live(new)} in all, generation {new['generation']})", file=sys.stderr)
         return 0
@@ -519,16 +535,17 @@ def _cmd_index(args) -> int:
         path = distributed.build_with_ray(args.model, passages, args.index, address=args.ray, workers=args.workers,
                                           shards=args.shards, nbits=args.nbits, batch_size=args.batch_size,
                                           overwrite=args.overwrite, resume=args.resume,
-                                          lock_timeout=args.lock_timeout, say=_say)
+                                          lock_timeout=args.lock_timeout, say=_say, pool_factor=pool)
     elif args.shards:
         from agrame.index.sharded import build_sharded
 
         path = build_sharded(load_encoder(args.model), passages, args.index, args.shards, nbits=args.nbits,
-                             batch_size=args.batch_size, overwrite=args.overwrite, lock_timeout=args.lock_timeout)
+                             batch_size=args.batch_size, overwrite=args.overwrite, lock_timeout=args.lock_timeout,
+                             pool_factor=pool)
     else:
         path = build_index(load_encoder(args.model), passages, args.index, format=args.index_format,
                            nbits=args.nbits, batch_size=args.batch_size, overwrite=args.overwrite,
-                           lock_timeout=args.lock_timeout)
+                           lock_timeout=args.lock_timeout, pool_factor=pool)
     shards = f" ({args.shards} shards)" if args.shards else ""
     print(f"indexed {len(passages)} passages into {path}{shards}", file=sys.stderr)
     return 0

@@ -25,7 +25,7 @@ from .lock import IndexLockedError
 from .metadata import FilterError, MetadataError
 from .search import Index, SearchSettings
 from .store import Store, verify_crc
-from .writer import IndexWriter, UnknownIdsError, add_passages, build_compressed
+from .writer import IndexWriter, PoolFactorError, UnknownIdsError, add_passages, build_compressed
 
 #: Format written by :func:`build_index` unless told otherwise.
 DEFAULT_FORMAT = 2
@@ -34,26 +34,31 @@ DEFAULT_FORMAT = 2
 def build_index(encoder: Encoder, passages: Sequence[PassageLike], path: str | Path, *, format: int = DEFAULT_FORMAT,
                 nbits: int = 2, batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
                 progress: bool = True, sentences: Optional[Sequence] = None,
-                codec: Optional[ResidualCodec] = None, lock_timeout: float = 0.0) -> Path:
+                codec: Optional[ResidualCodec] = None, lock_timeout: float = 0.0, pool_factor=1) -> Path:
     """Encode ``passages`` into an index folder at ``path``, atomically: a new folder under a temporary
     name renamed into place, or (``overwrite``) an existing index replaced as a new generation.
 
     ``format=2`` compresses (``nbits`` ∈ {1, 2, 4, 8}); ``format=1`` writes float16 vectors.
+    ``pool_factor`` (format 2): keep about one vector per ``pool_factor`` tokens, pooled within each
+    sentence (:mod:`agrame.pooling`); 1 keeps one per token.
     ``passages``: :class:`Passage` objects or anything :meth:`Ranker.encode` takes (texts, ``(id, text)``).
     """
     passages = as_passages(passages)
+    if pool_factor != 1 and format != 2:
+        raise ValueError("pool_factor needs a compressed index (format=2)")
     if format == 1:
         from .v1 import build_index as build_v1
         return build_v1(encoder, passages, path, batch_size=batch_size, chunk_passages=chunk_passages,
                         overwrite=overwrite, progress=progress, sentences=sentences)
     if format != 2:
         raise ValueError(f"unknown index format {format}; choose 1 or 2")
+
     return build_compressed(encoder, passages, path, nbits=nbits, batch_size=batch_size,
                             chunk_passages=chunk_passages, overwrite=overwrite, progress=progress,
-                            sentences=sentences, codec=codec, lock_timeout=lock_timeout)
+                            sentences=sentences, codec=codec, lock_timeout=lock_timeout, pool_factor=pool_factor)
 
 
 __all__ = ["BaseIndex", "FilterError", "Index", "IndexFolderError", "IndexLockedError", "IndexWriter", "MetadataError",
            "NoSpaceError",
-           "ResidualCodec", "SearchSettings", "Store", "UnknownIdsError", "add_passages", "build_index", "check_model",
+           "PoolFactorError", "ResidualCodec", "SearchSettings", "Store", "UnknownIdsError", "add_passages", "build_index", "check_model",
            "index_model_name", "num_centroids", "read_manifest", "verify_crc"]

@@ -30,6 +30,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from ..corpus import Passage
+from ..pooling import check_pool_factor
 from .codec import ResidualCodec
 from .format import IndexFolderError, model_block
 from .lock import build_lock
@@ -130,7 +131,7 @@ class EncodeBlocks:
     """A Ray Data actor: the model loaded once, then blocks of passages → compressed blocks."""
 
     def __init__(self, model, codec_state: dict, batch_size: int, store_offsets: bool, threads: int,
-                 crash_once: Optional[str] = None):
+                 crash_once: Optional[str] = None, pool_factor=1):
         import torch
 
         torch.set_num_threads(max(1, threads))
@@ -138,6 +139,7 @@ class EncodeBlocks:
         self.encoder = _encoder(model, device)
         self.codec = ResidualCodec(**codec_state)
         self.batch_size, self.store_offsets, self.crash_once = batch_size, store_offsets, crash_once
+        self.pool_factor = pool_factor
 
     def __call__(self, batch: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         payloads = []
@@ -148,7 +150,8 @@ class EncodeBlocks:
                 os._exit(1)
             passages = [_passage(r) for r in json.loads(records)]
             encoded = self.encoder.encode_passages([p.text for p in passages], batch_size=self.batch_size)
-            block = compress_block(self.codec, passages, encoded, store_offsets=self.store_offsets)
+            block = compress_block(self.codec, passages, encoded, store_offsets=self.store_offsets,
+                                   pool_factor=self.pool_factor)
             payloads.append(pickle.dumps(block, protocol=5))
         return {"key": np.asarray(batch["key"]), "payload": np.array(payloads, dtype=object)}
 
@@ -243,7 +246,8 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
                    resume: bool = False, codec: Optional[ResidualCodec] = None, seed: int = 0,
                    store_offsets: bool = False, lock_timeout: float = 0.0, progress: bool = True,
                    say: Optional[Callable[[str], None]] = None, crash_once: Optional[str] = None,
-                   on_block: Optional[Callable[[str], None]] = None, resource_wait: float = 30.0) -> Path:
+                   on_block: Optional[Callable[[str], None]] = None, resource_wait: float = 30.0,
+                   pool_factor=1) -> Path:
     """Encode ``passages`` on a Ray cluster into an index at ``path`` (``shards`` > 1: a sharded one).
 
     ``model``: what :func:`agrame.encoder.load_encoder` takes (a folder or shipped name; every actor
@@ -255,8 +259,10 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
     actors encode every passage in their own batches: float vectors ~3e-7 apart, so a handful of
     residual bytes can differ (8 of 6.8 M measured) — the answers are the same, the bytes are not.
     ``resource_wait``: seconds to wait for a free CPU (GPU) before :class:`ClusterBusyError`.
+    ``pool_factor``: :mod:`agrame.pooling` (the actors pool each block before compressing it).
     Returns ``path``; the stats of the run are in ``build_with_ray.last_stats``.
     """
+    pool_factor = check_pool_factor(pool_factor)
     ray = connect(address)
     say = say or (lambda message: None)
     path = Path(path)
@@ -280,7 +286,8 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
         encoder = _encoder(model)
         model_info = model_block(encoder)
         work = WorkFolder(path)
-        fingerprint = _fingerprint(passages, num_shards, block_passages, nbits, model_info, store_offsets)
+        fingerprint = _fingerprint(passages, num_shards, block_passages, nbits, model_info,
+                                   [store_offsets, pool_factor] if pool_factor != 1 else store_offsets)
         if resume:
             plan, codec = work.resume(fingerprint)
             codec_info = plan["codec_info"]
@@ -288,7 +295,7 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
         else:
             if codec is None:
                 codec, _, codec_info = train_codec(encoder, passages, nbits, batch_size=batch_size, seed=seed,
-                                                   progress=progress)
+                                                   progress=progress, pool_factor=pool_factor)
             else:
                 codec_info = {"num_centroids": codec.num_centroids, "given": True}
         parts = route(passages, num_shards)
@@ -303,17 +310,19 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
                  "workers": actors, "gpus_per_worker": gpus, "cpus_per_worker": cpus}
         if todo:
             _encode_on_ray(ray, model, codec, todo, work, actors=actors, gpus=gpus, cpus=cpus, batch_size=batch_size,
-                           store_offsets=store_offsets, progress=progress, crash_once=crash_once, on_block=on_block)
+                           store_offsets=store_offsets, progress=progress, crash_once=crash_once, on_block=on_block,
+                           pool_factor=pool_factor)
 
         def blocks_of(shard: int, part):
             return (work.load(_key(shard, b)) for b in range((len(part) + block_passages - 1) // block_passages))
 
         if shards:
             write = lambda tmp: write_sharded(tmp, model_info, codec, codec_info, parts, blocks_of,  # noqa: E731
-                                              store_offsets=store_offsets)
+                                              store_offsets=store_offsets, pool_factor=pool_factor)
         else:
             write = lambda tmp: write_blocks(  # noqa: E731
-                tmp, model_info, codec, codec_info, passages, blocks_of(0, passages), store_offsets=store_offsets)
+                tmp, model_info, codec, codec_info, passages, blocks_of(0, passages), store_offsets=store_offsets,
+                pool_factor=pool_factor)
         commit_new(path, overwrite, write, lock_timeout, held=True)
         work.remove()
         build_with_ray.last_stats = stats
@@ -327,7 +336,7 @@ build_with_ray.last_stats = {}
 
 def _encode_on_ray(ray, model, codec: ResidualCodec, todo: List[tuple], work: WorkFolder, *, actors: int, gpus: int,
                    cpus: int, batch_size: int, store_offsets: bool, progress: bool, crash_once: Optional[str],
-                   on_block: Optional[Callable[[str], None]]) -> None:
+                   on_block: Optional[Callable[[str], None]], pool_factor=1) -> None:
     import ray.data
 
     context = ray.data.DataContext.get_current()
@@ -342,7 +351,8 @@ def _encode_on_ray(ray, model, codec: ResidualCodec, todo: List[tuple], work: Wo
                         batch_format="numpy",
                         fn_constructor_kwargs={"model": model, "codec_state": _codec_state(codec),
                                                "batch_size": batch_size, "store_offsets": store_offsets,
-                                               "threads": cpus, "crash_once": crash_once})
+                                               "threads": cpus, "crash_once": crash_once,
+                                               "pool_factor": pool_factor})
     bar = None
     if progress:
         from tqdm.auto import tqdm

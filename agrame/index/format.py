@@ -118,7 +118,7 @@ def _is_int(value, low: int = 0, high: int = 1 << 62) -> bool:
 MANIFEST_FIELDS = {"format", "generation", "agrame_version", "created", "updated", "model", "dim", "nbits",
                    "num_centroids", "code_dtype", "codec", "num_passages", "num_tokens", "num_sentences", "has_spans",
                    "token_offsets", "files", "search", "ivf_generation", "tombstones", "num_deleted", "metadata",
-                   "store", "checksum", "vectors_dtype", "metadata_digest"}
+                   "store", "checksum", "vectors_dtype", "metadata_digest", "pool_factor", "num_original_tokens"}
 
 
 def validate_manifest(path: Path, m: dict) -> None:
@@ -160,6 +160,14 @@ def validate_manifest(path: Path, m: dict) -> None:
         bad("store", "must be a store folder name like 's1/'")
     if m.get("token_offsets", "stored") not in ("stored", "tokenizer"):
         bad("token_offsets", "must be 'stored' or 'tokenizer'")
+    if "pool_factor" in m:
+        factor = m["pool_factor"]
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 < factor <= 16:
+            bad("pool_factor", "must be a number above 1 and at most 16 (an unpooled index has none)")
+        if not _is_int(m.get("num_original_tokens"), m["num_tokens"]):
+            bad("num_original_tokens", "must be an integer no smaller than num_tokens")
+    elif "num_original_tokens" in m:
+        bad("num_original_tokens", "is only written with a pool_factor")
     if "metadata" in m and m["metadata"] != "meta.sqlite":
         bad("metadata", "must be 'meta.sqlite'")
     if "metadata_digest" in m:
@@ -182,7 +190,8 @@ def validate_manifest(path: Path, m: dict) -> None:
                 "doclens.bin": N * 4, "sentcounts.bin": N * 4, "sentences.bin": S * 8, "passage_offsets.bin": N * 8,
                 f"ivf-{g}.offsets.bin": (K + 1) * 8, f"ivf-{g}.pids.bin": None, "passages.jsonl": None,
                 ("tokens.bin" if m.get("token_offsets", "stored") == "stored" else "sentence_tokens.bin"):
-                    T * 6 if m.get("token_offsets", "stored") == "stored" else S * 8}
+                    T * 6 if m.get("token_offsets", "stored") == "stored" else S * 8,
+                **({"pool.bin": T} if "pool_factor" in m else {})}
     for name, size in expected.items():
         if name not in files:
             bad("files", f"lacks {name}")

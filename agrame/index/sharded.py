@@ -34,6 +34,7 @@ import numpy as np
 from .. import __version__, scoring
 from ..corpus import Passage
 from ..encoder import Encoder
+from ..pooling import check_pool_factor
 from ..ranker import ScoredSpan, hit_order
 from .base import BaseIndex
 from .codec import ResidualCodec
@@ -95,7 +96,7 @@ BlockSource = Callable[[int, Sequence[Passage]], Iterator[CompressedBlock]]
 
 
 def local_blocks(encoder: Encoder, codec: ResidualCodec, *, batch_size: int = 16, chunk_passages: int = 1024,
-                 store_offsets: bool = False, bar=None) -> BlockSource:
+                 store_offsets: bool = False, bar=None, pool_factor=1) -> BlockSource:
     """Blocks encoded in this process (the same chunks and batches as an unsharded build)."""
     def blocks(shard: int, passages: Sequence[Passage]) -> Iterator[CompressedBlock]:
         for lo in range(0, len(passages), chunk_passages):
@@ -103,18 +104,19 @@ def local_blocks(encoder: Encoder, codec: ResidualCodec, *, batch_size: int = 16
             encoded = encoder.encode_passages([p.text for p in part], batch_size=batch_size)
             if bar is not None:
                 bar.update(len(part))
-            yield compress_block(codec, part, encoded, store_offsets=store_offsets)
+            yield compress_block(codec, part, encoded, store_offsets=store_offsets, pool_factor=pool_factor)
     return blocks
 
 
 def write_sharded(folder: Path, model: dict, codec: ResidualCodec, codec_info: dict, parts: Sequence[Sequence[Passage]],
-                  blocks: BlockSource, *, store_offsets: bool = False) -> None:
+                  blocks: BlockSource, *, store_offsets: bool = False, pool_factor=1) -> None:
     """Every shard (a committed index folder) and ``shards.json`` into ``folder``."""
     names = []
     for s, part in enumerate(parts):
         sub = folder / shard_name(s)
         sub.mkdir()
-        manifest = write_blocks(sub, model, codec, codec_info, part, blocks(s, part), store_offsets=store_offsets)
+        manifest = write_blocks(sub, model, codec, codec_info, part, blocks(s, part), store_offsets=store_offsets,
+                                pool_factor=pool_factor)
         write_manifest(sub, manifest)
         names.append(sub.name)
     write_shards_manifest(folder, {
@@ -143,8 +145,10 @@ def commit_new(path: Path, overwrite: bool, write: Callable[[Path], None], lock_
 def build_sharded(encoder: Encoder, passages: Sequence[Passage], path: Union[str, Path], num_shards: int, *,
                   nbits: int = 2, batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
                   progress: bool = True, codec: Optional[ResidualCodec] = None, seed: int = 0,
-                  store_offsets: bool = False, lock_timeout: float = 0.0) -> Path:
-    """Index ``passages`` into ``num_shards`` shards with one codec, atomically (one rename)."""
+                  store_offsets: bool = False, lock_timeout: float = 0.0, pool_factor=1) -> Path:
+    """Index ``passages`` into ``num_shards`` shards with one codec, atomically (one rename);
+    ``pool_factor``: :mod:`agrame.pooling`, the same in every shard."""
+    pool_factor = check_pool_factor(pool_factor)
     path = Path(path)
     if not isinstance(num_shards, int) or not 1 <= num_shards <= MAX_SHARDS:
         raise ValueError(f"the number of shards must be between 1 and {MAX_SHARDS}")
@@ -155,7 +159,7 @@ def build_sharded(encoder: Encoder, passages: Sequence[Passage], path: Union[str
         # The sample's encodings are not reused (an unsharded build reuses them): its chunks, and so its
         # batches, are then the same as a Ray build's — the two give identical bytes for one codec.
         codec, _, codec_info = train_codec(encoder, passages, nbits, batch_size=batch_size, seed=seed,
-                                           progress=progress)
+                                           progress=progress, pool_factor=pool_factor)
     else:
         codec_info = {"num_centroids": codec.num_centroids, "given": True}
     bar = None
@@ -164,10 +168,11 @@ def build_sharded(encoder: Encoder, passages: Sequence[Passage], path: Union[str
         bar = tqdm(total=len(passages), desc="indexing", unit="psg", disable=None)
     try:
         blocks = local_blocks(encoder, codec, batch_size=batch_size, chunk_passages=chunk_passages,
-                              store_offsets=store_offsets, bar=bar)
+                              store_offsets=store_offsets, bar=bar, pool_factor=pool_factor)
         parts = route(passages, num_shards)
         return commit_new(path, overwrite, lambda tmp: write_sharded(tmp, model_block(encoder), codec, codec_info,
-                                                                     parts, blocks, store_offsets=store_offsets),
+                                                                     parts, blocks, store_offsets=store_offsets,
+                                                                     pool_factor=pool_factor),
                           lock_timeout)
     finally:
         if bar is not None:

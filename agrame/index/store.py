@@ -16,6 +16,8 @@ Files (raw little-endian arrays, all append-only except the per-generation inver
 ``sentences.bin``      ``[S, 2]`` int32 character spans of the sentences, passage by passage
 ``passages.jsonl``     ``{"id", "text", "spans"?}`` per passage (text excluded from size targets)
 ``passage_offsets.bin`` ``[N]`` int64 byte offset of each passage's line (random access to hits)
+``pool.bin``           in a pooled index (``"pool_factor"`` > 1): ``[T]`` uint8, the tokens each stored
+                       vector pools, in order (:mod:`agrame.pooling`; the vectors' offsets follow from them)
 ``ivf-G.offsets.bin``  ``[K+1]`` int64 CSR starts; ``ivf-G.pids.bin``: int32 passages per centroid
 =====================  ==========================================================
 
@@ -45,6 +47,7 @@ import numpy as np
 from .. import __version__
 from ..corpus import EncodedCorpus, Passage
 from ..encoder import EncodedPassage, Encoder
+from ..pooling import check_pool_factor, pool_passage, pooled_offsets
 from ..spans import normalize_span, sorted_token_segments, split_sentences
 from .codec import CompressedVectors, ResidualCodec, num_centroids
 from .format import (FORMAT_V2, MANIFEST, IndexDamagedError, IndexFolderError, check_files, crc32_file, ivf_generation, writing,
@@ -55,12 +58,20 @@ from .metadata import DIGEST_FIELD, METADATA_FILE, MetadataDB
 TOKEN_DTYPE = np.dtype([("start", "<i4"), ("length", "<u2")])
 TOKENS_FILE = "tokens.bin"
 SENTENCE_TOKENS_FILE = "sentence_tokens.bin"
+POOL_FILE = "pool.bin"
 APPEND_FILES = ("codes.bin", "residuals.bin", "doclens.bin", "sentcounts.bin", "sentences.bin",
                 "passages.jsonl", "passage_offsets.bin")
 
 
-def append_files(store_offsets: bool) -> Tuple[str, ...]:
-    return APPEND_FILES + ((TOKENS_FILE,) if store_offsets else (SENTENCE_TOKENS_FILE,))
+def append_files(store_offsets: bool, pooled: bool = False) -> Tuple[str, ...]:
+    return APPEND_FILES + ((TOKENS_FILE,) if store_offsets else (SENTENCE_TOKENS_FILE,)) + \
+        ((POOL_FILE,) if pooled else ())
+
+
+def pool_factor(manifest: dict):
+    """The pool factor an index was built with (1: one vector per token; every index written before
+    pooling)."""
+    return manifest.get("pool_factor", 1)
 #: k-means training points per centroid. faiss suggests ≥ 39; ColBERTv2 trains on ~96% of a
 #: 34k-passage corpus on a GPU. On 2 CPU cores the k-means cost (points × K × d per
 #: iteration) must stay within minutes, so the sample is K × this (measured in benchmarks).
@@ -73,12 +84,12 @@ KMEANS_NITER = 8
 class _Appender:
     """Appends arrays to the store files, tracking sizes and running CRC-32s."""
 
-    def __init__(self, folder: Path, files: Dict[str, dict], store_offsets: bool):
+    def __init__(self, folder: Path, files: Dict[str, dict], store_offsets: bool, pooled: bool = False):
         self.folder = folder
         self.files = {name: dict(info) for name, info in files.items()}
         self.handles = {}
-        self.store_offsets = store_offsets
-        for name in append_files(store_offsets):
+        self.store_offsets, self.pooled = store_offsets, pooled
+        for name in append_files(store_offsets, pooled):
             info = self.files.setdefault(name, {"size": 0, "crc32": 0})
             f = open(folder / name, "r+b" if (folder / name).exists() else "w+b")
             f.truncate(info["size"])  # drop an interrupted append beyond the committed size
@@ -146,18 +157,26 @@ class CompressedBlock(NamedTuple):
     sentences: np.ndarray
     lines: List[bytes]  # passages.jsonl records
     has_spans: bool
+    runs: Optional[np.ndarray] = None  # pool.bin rows (tokens per vector) of a pooled index
 
 
 def compress_block(codec: ResidualCodec, passages: Sequence[Passage], encoded: Sequence[EncodedPassage],
-                   sentences: Optional[Sequence] = None, *, store_offsets: bool = False) -> CompressedBlock:
-    """Compress encoded passages into the rows of every store file (pure: no file is touched)."""
-    vectors = np.concatenate([e.vectors.numpy() for e in encoded]) if encoded else np.zeros((0, codec.dim))
-    codes, residuals = codec.compress(vectors)
-    doclens = np.array([len(e.offsets) for e in encoded], dtype=np.int32)
+                   sentences: Optional[Sequence] = None, *, store_offsets: bool = False,
+                   pool_factor=1) -> CompressedBlock:
+    """Compress encoded passages into the rows of every store file (pure: no file is touched);
+    ``pool_factor`` > 1 pools each passage's token vectors within its sentences first."""
     spans = [_passage_sentences(p, None if sentences is None else sentences[i]) for i, p in enumerate(passages)]
     for p, sp in zip(passages, spans):
         if any(b[0] < a[1] for a, b in zip(sp, sp[1:])):
             raise ValueError(f"passage {p.id!r}: sentence spans must be in order and disjoint")
+    runs = None
+    if pool_factor != 1:
+        pooled = [pool_passage(e.vectors, e.offsets, sp, pool_factor) for e, sp in zip(encoded, spans)]
+        encoded = [EncodedPassage(v, o) for v, o, _ in pooled]
+        runs = np.concatenate([r for _, _, r in pooled]) if pooled else np.zeros(0, np.uint8)
+    vectors = np.concatenate([e.vectors.numpy() for e in encoded]) if encoded else np.zeros((0, codec.dim))
+    codes, residuals = codec.compress(vectors)
+    doclens = np.array([len(e.offsets) for e in encoded], dtype=np.int32)
     sentcounts = np.array([len(s) for s in spans], dtype=np.int32)
     flat = np.array([x for s in spans for x in s], dtype=np.int32).reshape(-1, 2)
     rows = (_token_table(encoded) if store_offsets else _sentence_rows(passages, encoded, flat, sentcounts, doclens))
@@ -168,7 +187,8 @@ def compress_block(codec: ResidualCodec, passages: Sequence[Passage], encoded: S
             has_spans = True
             record["spans"] = [[list(piece) for piece in normalize_span(s, len(p.text))] for s in p.spans]
         lines.append((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
-    return CompressedBlock(codes, np.ascontiguousarray(residuals), rows, doclens, sentcounts, flat, lines, has_spans)
+    return CompressedBlock(codes, np.ascontiguousarray(residuals), rows, doclens, sentcounts, flat, lines, has_spans,
+                           runs)
 
 
 class _ChunkWriter:
@@ -179,26 +199,34 @@ class _ChunkWriter:
     not store offsets — a search would recompute them and must find the same tokens.
     """
 
-    def __init__(self, appender: _Appender, codec: ResidualCodec, first_pid: int, check_offsets=None):
+    def __init__(self, appender: _Appender, codec: ResidualCodec, first_pid: int, check_offsets=None,
+                 pool_factor=1):
         self.out, self.codec, self.next_pid = appender, codec, first_pid
         self.check_offsets = None if appender.store_offsets else check_offsets
+        self.pool_factor = pool_factor
         self.pairs: List[np.ndarray] = []
         self.has_spans = False
         self.tokens = 0
+        self.original_tokens = 0
         self.sentences = 0
 
     def write(self, passages: Sequence[Passage], encoded: Sequence[EncodedPassage],
               sentences: Optional[Sequence] = None) -> None:
         if self.check_offsets is not None:
             _check_offsets(passages, encoded, self.check_offsets)
-        self.append(compress_block(self.codec, passages, encoded, sentences, store_offsets=self.out.store_offsets))
+        self.append(compress_block(self.codec, passages, encoded, sentences, store_offsets=self.out.store_offsets,
+                                   pool_factor=self.pool_factor))
 
     def append(self, block: CompressedBlock) -> None:
         n = len(block.doclens)
         pids = np.repeat(np.arange(self.next_pid, self.next_pid + n, dtype=np.int64), block.doclens)
         self.pairs.append(unique_pairs(block.codes, pids))
+        if (block.runs is not None) != self.out.pooled:
+            raise IndexFolderError("a pooled block for an unpooled store, or the other way round")
         self.out.write("codes.bin", block.codes.tobytes())
         self.out.write("residuals.bin", block.residuals.tobytes())
+        if block.runs is not None:
+            self.out.write(POOL_FILE, block.runs.astype(np.uint8).tobytes())
         self.out.write(TOKENS_FILE if self.out.store_offsets else SENTENCE_TOKENS_FILE, block.token_rows.tobytes())
         self.out.write("doclens.bin", block.doclens.tobytes())
         self.out.write("sentcounts.bin", block.sentcounts.tobytes())
@@ -208,6 +236,7 @@ class _ChunkWriter:
         self.has_spans = self.has_spans or block.has_spans
         self.next_pid += n
         self.tokens += int(block.doclens.sum())
+        self.original_tokens += int(block.doclens.sum()) if block.runs is None else int(block.runs.sum(dtype=np.int64))
         self.sentences += int(block.sentcounts.sum())
 
 
@@ -280,10 +309,24 @@ def _encode_chunks(encoder: Encoder, passages: Sequence[Passage], chunk: int, ba
         yield lo, part, encoded
 
 
+def _sample_vectors(cached: Dict[int, EncodedPassage], passages: Sequence[Passage], sentences,
+                    pool_factor, memo: Dict[int, np.ndarray]) -> List[np.ndarray]:
+    """The codec's training vectors of the sampled passages: pooled as the index stores them."""
+    if pool_factor == 1:
+        return [e.vectors.numpy() for e in cached.values()]
+    for i, e in cached.items():
+        if i not in memo:
+            spans = _passage_sentences(passages[i], None if sentences is None else sentences[i])
+            memo[i] = pool_passage(e.vectors, e.offsets, spans, pool_factor)[0].numpy()
+    return [memo[i] for i in cached]
+
+
 def train_codec(encoder: Encoder, passages: Sequence[Passage], nbits: int, *, batch_size: int = 16,
                 seed: int = 0, points_per_centroid: int = POINTS_PER_CENTROID,
-                progress: bool = False) -> Tuple[ResidualCodec, Dict[int, EncodedPassage], dict]:
-    """Encode a random sample of passages, choose K from the estimated token count, train the codec.
+                progress: bool = False, pool_factor=1,
+                sentences: Optional[Sequence] = None) -> Tuple[ResidualCodec, Dict[int, EncodedPassage], dict]:
+    """Encode a random sample of passages, choose K from the estimated count of stored vectors (pooled,
+    with ``pool_factor`` > 1), train the codec on the sample's vectors as they will be stored.
 
     Returns the codec, the sample's encodings (reused by the build, not encoded twice) and
     a description of the choice for the manifest.
@@ -291,6 +334,7 @@ def train_codec(encoder: Encoder, passages: Sequence[Passage], nbits: int, *, ba
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(passages))
     cached: Dict[int, EncodedPassage] = {}
+    memo: Dict[int, np.ndarray] = {}
     taken = 0
     first = min(len(passages), 256)
     needed = None
@@ -301,13 +345,14 @@ def train_codec(encoder: Encoder, passages: Sequence[Passage], nbits: int, *, ba
                                                        progress=progress)):
             cached[i] = enc
         taken += len(idx)
-        sample_tokens = sum(len(e.offsets) for e in cached.values())
+        vectors = _sample_vectors(cached, passages, sentences, pool_factor, memo)
+        sample_tokens = sum(len(v) for v in vectors)
         estimate = int(round(sample_tokens / taken * len(passages)))
         k = num_centroids(estimate)
         needed = k * points_per_centroid
         if sample_tokens >= needed:
             break
-    sample = np.concatenate([e.vectors.numpy() for e in cached.values()])
+    sample = np.concatenate(vectors)
     if len(sample) > needed:
         sample = sample[rng.choice(len(sample), needed, replace=False)]
     started = time.perf_counter()
@@ -332,17 +377,20 @@ def write_store(folder: Path, encoder: Encoder, passages: Sequence[Passage], *, 
                 batch_size: int = 16, chunk_passages: int = 1024, progress: bool = True,
                 sentences: Optional[Sequence] = None, codec: Optional[ResidualCodec] = None,
                 encoded: Optional[EncodedCorpus] = None, seed: int = 0, store_offsets: bool = False,
-                generation: int = 1) -> dict:
+                generation: int = 1, pool_factor=1) -> dict:
     """Write every store file of ``passages`` into ``folder`` (metadata included); the manifest that
-    would commit them (not written: the caller commits)."""
+    would commit them (not written: the caller commits). ``pool_factor``: :mod:`agrame.pooling`."""
+    pool_factor = check_pool_factor(pool_factor)
     bar = None
     try:
         source = (None if encoded is None else
                   VectorSource(encoded) if isinstance(encoded, EncodedCorpus) else encoded)
         if codec is None:
-            codec, cached, codec_info = (train_codec_from(source, nbits, seed=seed) if source is not None else
+            codec, cached, codec_info = (train_codec_from(source, nbits, seed=seed, pool_factor=pool_factor)
+                                         if source is not None else
                                          train_codec(encoder, passages, nbits, batch_size=batch_size, seed=seed,
-                                                     progress=progress))
+                                                     progress=progress, pool_factor=pool_factor,
+                                                     sentences=sentences))
         else:
             cached, codec_info = {}, {"num_centroids": codec.num_centroids, "given": True}
         if progress:
@@ -357,10 +405,10 @@ def write_store(folder: Path, encoder: Encoder, passages: Sequence[Passage], *, 
                 if check is not None:
                     _check_offsets(part, enc, check)
                 yield compress_block(codec, part, enc, None if sentences is None else sentences[lo:lo + len(part)],
-                                     store_offsets=store_offsets)
+                                     store_offsets=store_offsets, pool_factor=pool_factor)
 
         return write_blocks(folder, model_block(encoder), codec, codec_info, passages, blocks(),
-                            store_offsets=store_offsets, generation=generation)
+                            store_offsets=store_offsets, generation=generation, pool_factor=pool_factor)
     finally:
         if bar is not None:
             bar.close()
@@ -376,13 +424,13 @@ def _check_offsets(passages: Sequence[Passage], encoded: Sequence[EncodedPassage
 
 
 def write_blocks(folder: Path, model: dict, codec: ResidualCodec, codec_info: dict, passages: Sequence[Passage],
-                 blocks, *, store_offsets: bool = False, generation: int = 1) -> dict:
+                 blocks, *, store_offsets: bool = False, generation: int = 1, pool_factor=1) -> dict:
     """Append compressed blocks (:func:`compress_block`, in passage order) as a new store in ``folder``:
     codec, token files, inverted file, metadata; returns the manifest that would commit them."""
     files: Dict[str, dict] = {}
     _codec_files(folder, codec, files)
-    out = _Appender(folder, files, store_offsets)
-    writer = _ChunkWriter(out, codec, 0)
+    out = _Appender(folder, files, store_offsets, pooled=pool_factor != 1)
+    writer = _ChunkWriter(out, codec, 0, pool_factor=pool_factor)
     for block in blocks:
         writer.append(block)
     out.close()
@@ -405,6 +453,7 @@ def write_blocks(folder: Path, model: dict, codec: ResidualCodec, codec_info: di
         "num_sentences": writer.sentences, "has_spans": writer.has_spans,
         "token_offsets": "stored" if store_offsets else "tokenizer", "files": files,
         "metadata": METADATA_FILE, DIGEST_FIELD: digest,
+        **({"pool_factor": pool_factor, "num_original_tokens": writer.original_tokens} if pool_factor != 1 else {}),
     }
 
 
@@ -440,9 +489,10 @@ class VectorSource:
 
 
 def train_codec_from(source: "VectorSource", nbits: int, *, seed: int = 0,
-                     points_per_centroid: int = POINTS_PER_CENTROID):
-    """:func:`train_codec` for vectors already encoded (the token count is known, not estimated)."""
-    k = num_centroids(source.num_tokens)
+                     points_per_centroid: int = POINTS_PER_CENTROID, pool_factor=1):
+    """:func:`train_codec` for vectors already encoded (the token count is known, not estimated; a pooled
+    build's is taken as tokens / factor, and its centroids are trained on the tokens themselves)."""
+    k = num_centroids(int(source.num_tokens / pool_factor))
     needed = min(source.num_tokens, k * points_per_centroid)
     sample = source.sample_vectors(needed, seed)
     started = time.perf_counter()
@@ -523,6 +573,8 @@ class Store:
             self.tokens = self._map(TOKENS_FILE, TOKEN_DTYPE, (T,)) if offsets_stored(m) else None
             self.sentence_tokens = None if offsets_stored(m) else \
                 self._map(SENTENCE_TOKENS_FILE, np.int32, (m["num_sentences"], 2))
+            self.pool_factor = pool_factor(m)
+            self.runs = self._map(POOL_FILE, np.uint8, (T,)) if self.pool_factor != 1 else None
             self.doclens = np.fromfile(self.root / "doclens.bin", dtype="<i4", count=N).astype(np.int64)
             self.sentcounts = np.fromfile(self.root / "sentcounts.bin", dtype="<i4", count=N).astype(np.int64)
             self.sentences = np.fromfile(self.root / "sentences.bin", dtype="<i4",
@@ -793,11 +845,16 @@ class Store:
             raise IndexFolderError(f"index {self.path} recomputes token offsets with its model's tokenizer: "
                                    "open it with the model (Index(path, model=…))")
         parts = self.tokenize([r["text"] for r in records])
-        for p, r, part in zip(pids.tolist(), records, parts):
-            if len(part) != self.doclens[p]:
-                raise IndexFolderError(f"index {self.path}: passage {r['id']!r} has {self.doclens[p]} token "
-                                       f"vectors but the model's tokenizer gives {len(part)} tokens "
+        for k, (p, r, part) in enumerate(zip(pids.tolist(), records, parts)):
+            runs = None if self.runs is None else self.runs[self.starts[p]:self.starts[p + 1]]
+            pooled = self.doclens[p] if runs is None else int(runs.sum(dtype=np.int64))
+            if len(part) != pooled:
+                raise IndexFolderError(f"index {self.path}: passage {r['id']!r} has {pooled} token "
+                                       f"vectors{'' if runs is None else ' before pooling'} but the model's "
+                                       f"tokenizer gives {len(part)} tokens "
                                        "(a damaged index, or another model's tokenizer)")
+            if runs is not None:
+                parts[k] = pooled_offsets(part, runs)
         return torch.cat(parts) if parts else torch.zeros((0, 2), dtype=torch.long)
 
     def bytes(self, include_text: bool = False) -> int:
@@ -830,4 +887,4 @@ def verify_crc(path: str | Path) -> None:
             raise IndexFolderError(f"index {path} is damaged: {manifest['metadata']}: {exc}") from None
 
 
-__all__ = ["Store", "offsets_stored", "train_codec", "verify_crc", "crc32_file", "write_store"]
+__all__ = ["Store", "offsets_stored", "pool_factor", "train_codec", "verify_crc", "crc32_file", "write_store"]

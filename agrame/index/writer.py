@@ -37,14 +37,16 @@ import numpy as np
 
 from ..corpus import EncodedCorpus, Passage, as_passages
 from ..encoder import Encoder
+from ..pooling import check_pool_factor
 from .format import (FORMAT_V2, MANIFEST, V1_FILES, IndexFolderError, NoSpaceError, check_layout, check_model, crc32_file,
                      ivf_generation, read_index, read_manifest, read_shards, store_root, write_manifest)
 from .codec import ResidualCodec
 from .ivf import _ranges, build_ivf, merge_ivf, unique_pairs
 from .lock import LOCK_FILE, WriterLock, build_lock, pid_alive
 from .metadata import DIGEST_FIELD, METADATA_FILE, MetadataDB, add_digests, validate_metadata
-from .store import (APPEND_FILES, SENTENCE_TOKENS_FILE, TOKENS_FILE, Store, _Appender, _ChunkWriter, _codec_files,
-                    _encode_chunks, _ivf_files, _write_fixed, append_files, offsets_stored, write_store)
+from .store import (APPEND_FILES, POOL_FILE, SENTENCE_TOKENS_FILE, TOKENS_FILE, Store, _Appender, _ChunkWriter,
+                    _codec_files, _encode_chunks, _ivf_files, _write_fixed, append_files, offsets_stored, pool_factor,
+                    write_store)
 
 log = logging.getLogger("agrame.index")
 
@@ -60,11 +62,15 @@ BUILD_MARKER = ".agrame-build"
 _EPOCH = re.compile(r"s(\d+)")
 _SHARD = re.compile(r"shard-\d{3,6}")
 _OURS = re.compile(r"(ivf-\d+\.(offsets|pids)\.bin|deleted-\d+\.bin|meta\.sqlite(-wal|-shm|-journal)?|"
-                   r"centroids\.f16|buckets\.f32|tokens\.bin|sentence_tokens\.bin|"
+                   r"centroids\.f16|buckets\.f32|tokens\.bin|sentence_tokens\.bin|pool\.bin|"
                    # format-1 files (an index rebuilt in place as format 2 drops them)
                    r"vectors\.f16|offsets\.npy|token_sentence\.npy|passage_starts\.npy|sentences\.npy|"
                    r"sentence_passage\.npy)")
 _STORE_FILES = set(APPEND_FILES)
+
+
+class PoolFactorError(IndexFolderError, ValueError):
+    """Passages to add with another pool factor than the index's."""
 
 
 class UnknownIdsError(IndexFolderError):
@@ -552,7 +558,12 @@ class IndexWriter:
             store.close()
 
     def _change(self, encoder: Encoder, passages, *, replace: bool, batch_size: int = 16,
-                chunk_passages: int = 1024, progress: bool = False, sentences: Optional[Sequence] = None) -> dict:
+                chunk_passages: int = 1024, progress: bool = False, sentences: Optional[Sequence] = None,
+                pool_factor=None) -> dict:
+        """``pool_factor``: None takes the index's own; another than the index's is an error (an index
+        holds vectors of one factor, :mod:`agrame.pooling`)."""
+        if pool_factor is not None:
+            pool_factor = check_pool_factor(pool_factor)
         passages = check_passages(passages)
         if not passages:
             raise IndexFolderError("no passages given")
@@ -561,6 +572,11 @@ class IndexWriter:
         manifest, store = self._current()
         try:
             check_model(manifest, encoder, self.path)
+            own = store.pool_factor
+            if pool_factor is not None and pool_factor != own:
+                raise PoolFactorError(f"index {self.path} was built with pool factor {own:g}; passages added to it "
+                                      f"are pooled the same way, not with {pool_factor:g} (rebuild it with "
+                                      f"--overwrite to change the factor)")
             found = store.position_of([p.id for p in passages])
             if found and not replace:
                 raise IndexFolderError(f"passage ids already in {self.path}: {sorted(found)[:5]} "
@@ -624,10 +640,10 @@ class IndexWriter:
 
     def _append(self, store: Store, root: Path, files: Dict[str, dict], new: dict, db: MetadataDB,
                 generation: int, encoder, passages, sentences, batch_size, chunk_passages, progress) -> None:
-        stored = offsets_stored(new)
-        out = _Appender(root, {k: files[k] for k in append_files(stored)}, stored)
+        stored, factor = offsets_stored(new), pool_factor(new)
+        out = _Appender(root, {k: files[k] for k in append_files(stored, factor != 1)}, stored, pooled=factor != 1)
         first = len(store)
-        writer = _ChunkWriter(out, store.codec, first)
+        writer = _ChunkWriter(out, store.codec, first, pool_factor=factor)
         bar = None
         if progress:
             from tqdm.auto import tqdm
@@ -647,6 +663,8 @@ class IndexWriter:
         for suffix in ("offsets", "pids"):
             files.pop(f"ivf-{old}.{suffix}.bin", None)
         _ivf_files(root, ivf, generation, files)
+        if factor != 1:
+            new["num_original_tokens"] = int(new["num_original_tokens"]) + writer.original_tokens
         new.update(ivf_generation=generation, num_passages=writer.next_pid,
                    num_tokens=int(new["num_tokens"]) + writer.tokens,
                    num_sentences=int(new["num_sentences"]) + writer.sentences,
@@ -682,9 +700,9 @@ class IndexWriter:
             live = store.live_positions()
             files: Dict[str, dict] = {}
             _codec_files(folder, store.codec, files)
-            stored = offsets_stored(manifest)
-            out = _Appender(folder, files, stored)
-            pairs, tokens, sentences = [], 0, 0
+            stored, pooled = offsets_stored(manifest), store.runs is not None
+            out = _Appender(folder, files, stored, pooled=pooled)
+            pairs, tokens, sentences, original = [], 0, 0, 0
             try:
                 for lo in range(0, len(live), COMPACT_CHUNK):
                     part = live[lo:lo + COMPACT_CHUNK]
@@ -692,6 +710,10 @@ class IndexWriter:
                     codes = np.asarray(store.codes[rows])
                     out.write("codes.bin", codes.tobytes())
                     out.write("residuals.bin", np.ascontiguousarray(store.residuals[rows]).tobytes())
+                    if pooled:
+                        runs = np.ascontiguousarray(store.runs[rows])
+                        out.write(POOL_FILE, runs.tobytes())
+                        original += int(runs.sum(dtype=np.int64))
                     sent_rows = _ranges(store.sent_starts[part], store.sentcounts[part])
                     if stored:
                         out.write(TOKENS_FILE, np.ascontiguousarray(store.tokens[rows]).tobytes())
@@ -725,6 +747,8 @@ class IndexWriter:
             new.update(store=name + "/", generation=generation, ivf_generation=generation, files=files,
                        metadata=METADATA_FILE, num_passages=int(len(live)), num_tokens=tokens, metadata_digest=digest,
                        num_sentences=sentences, updated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            if pooled:
+                new["num_original_tokens"] = original
             write_manifest(self.path, new)
         finally:
             store.close()
@@ -752,8 +776,9 @@ def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | 
                      batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
                      progress: bool = True, sentences: Optional[Sequence] = None,
                      codec: Optional[ResidualCodec] = None, encoded: Optional[EncodedCorpus] = None,
-                     seed: int = 0, store_offsets: bool = False, lock_timeout: float = 0.0) -> Path:
-    """Write an ``agrame-index/2`` folder, streaming: encode a chunk, compress it, append it.
+                     seed: int = 0, store_offsets: bool = False, lock_timeout: float = 0.0,
+                     pool_factor=1) -> Path:
+    """Write an ``agrame-index/2`` folder, streaming: encode a chunk, (pool it,) compress it, append it.
 
     ``codec`` reuses given centroids and buckets (e.g. another index's); ``encoded`` takes
     vectors already computed for ``passages`` (same order) instead of encoding them: an
@@ -761,6 +786,8 @@ def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | 
     ``chunks(passages, chunk_passages, bar)`` (see :class:`VectorSource`; e.g. generated vectors).
     Token offsets are recomputed by searches from the text (``encoder.passage_offsets``; those of
     ``encoded`` vectors are checked against it at build time) unless ``store_offsets``.
+    ``pool_factor`` > 1 stores about 1/factor of the token vectors, pooled within sentences
+    (:mod:`agrame.pooling`); sentence and span search work on it as on any index.
 
     A new folder is written under a temporary name beside ``path`` and renamed into place; with
     ``overwrite``, an existing *index* is replaced in place, under its writer lock, as a new
@@ -774,7 +801,8 @@ def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | 
     if sentences is not None and len(sentences) != len(passages):
         raise ValueError(f"sentences: {len(sentences)} lists for {len(passages)} passages")
     options = dict(nbits=nbits, batch_size=batch_size, chunk_passages=chunk_passages, progress=progress,
-                   sentences=sentences, codec=codec, encoded=encoded, seed=seed, store_offsets=store_offsets)
+                   sentences=sentences, codec=codec, encoded=encoded, seed=seed, store_offsets=store_offsets,
+                   pool_factor=check_pool_factor(pool_factor))
     if build_new_folder(path, overwrite, lambda folder: write_store(folder, encoder, passages, **options)):
         return path
     with IndexWriter(path, lock_timeout=lock_timeout) as writer:
@@ -784,17 +812,17 @@ def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | 
 
 def add_passages(path: str | Path, encoder: Encoder, passages: Sequence[Passage], *, batch_size: int = 16,
                  chunk_passages: int = 1024, progress: bool = True,
-                 sentences: Optional[Sequence] = None, lock_timeout: float = 0.0) -> dict:
+                 sentences: Optional[Sequence] = None, lock_timeout: float = 0.0, pool_factor=None) -> dict:
     """Append passages (new ids only) to an ``agrame-index/2`` folder with its centroids, as one new
     generation, under the writer lock (:class:`agrame.index.writer.IndexWriter`). Returns the new manifest."""
     with IndexWriter(path, lock_timeout=lock_timeout) as writer:
         return writer.add(encoder, passages, batch_size=batch_size, chunk_passages=chunk_passages,
-                          progress=progress, sentences=sentences)
+                          progress=progress, sentences=sentences, pool_factor=pool_factor)
 
 
 def _folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-__all__ = ["DEFAULT_COMPACT_THRESHOLD", "IndexWriter", "UnknownIdsError", "add_passages", "build_compressed",
+__all__ = ["DEFAULT_COMPACT_THRESHOLD", "IndexWriter", "PoolFactorError", "UnknownIdsError", "add_passages", "build_compressed",
            "build_new_folder", "check_passages", "collect_garbage"]

@@ -1,0 +1,236 @@
+"""Sentence-aware token pooling (agrame.pooling) and pooled indexes: every sentence and span keeps a
+vector, the vectorised clustering equals a naive one, pooled offsets come back from the tokenizer."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agrame.corpus import Passage
+from agrame.index import Index, PoolFactorError, build_index, read_manifest
+from agrame.index.store import Store
+from agrame.pooling import MAX_RUN, check_pool_factor, pool_by_runs, pool_runs, pooled_offsets
+from agrame.spans import span_token_mask
+from agrame_app.cli import main
+
+
+def naive_runs(x: np.ndarray, seg: np.ndarray, factor: float) -> list:
+    """Ward agglomeration by brute force: every step recomputes every adjacent pair's cost."""
+    clusters = [[i] for i in range(len(seg))]
+    inside = seg >= 0
+    target = max(len(set(seg[inside].tolist())), math.ceil(int(inside.sum()) / factor)) if inside.any() else 0
+    content = int(inside.sum())
+    while content > target:
+        best = None
+        for k in range(len(clusters) - 1):
+            a, b = clusters[k], clusters[k + 1]
+            if seg[a[0]] < 0 or seg[a[0]] != seg[b[0]] or len(a) + len(b) > MAX_RUN:
+                continue
+            na, nb = len(a), len(b)
+            diff = x[a].sum(0) / na - x[b].sum(0) / nb
+            cost = 0.5 * float(((x[a[0]] - x[b[0]]) ** 2).sum()) if na == nb == 1 else na * nb / (na + nb) * float(diff @ diff)
+            if best is None or cost < best[0]:
+                best = (cost, k)
+        if best is None:
+            break
+        k = best[1]
+        clusters[k:k + 2] = [clusters[k] + clusters[k + 1]]
+        content -= 1
+    return [len(c) for c in clusters]
+
+
+@st.composite
+def passages_of_tokens(draw):
+    sentences = draw(st.lists(st.integers(1, 12), min_size=1, max_size=6))
+    seg = [-1, -1]  # [CLS], [D]
+    for s, n in enumerate(sentences):
+        seg += [s] * n
+        if draw(st.booleans()):
+            seg.append(-1)  # a token outside every sentence between two
+    seg.append(-1)  # [SEP]
+    dim = draw(st.sampled_from([2, 4, 8]))
+    seed = draw(st.integers(0, 2 ** 16))
+    x = np.random.default_rng(seed).normal(size=(len(seg), dim))
+    return x / np.linalg.norm(x, axis=1, keepdims=True), np.array(seg), draw(st.sampled_from([1, 1.5, 2, 3, 4, 16]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(passages_of_tokens())
+def test_pool_runs_equal_a_naive_ward_and_keep_every_sentence(case):
+    x, seg, factor = case
+    runs = pool_runs(x, seg, factor)
+    assert runs.tolist() == naive_runs(x, seg, factor)
+    assert int(runs.sum()) == len(seg)
+    ends = np.cumsum(runs)
+    owners = [set(seg[e - r:e].tolist()) for r, e in zip(runs.tolist(), ends.tolist())]
+    assert all(len(o) == 1 for o in owners), "a vector pools tokens of two sentences"
+    assert all(r == 1 for r, o in zip(runs.tolist(), owners) if o == {-1}), "a protected token was pooled"
+    kept = {next(iter(o)) for o in owners}
+    assert set(seg[seg >= 0].tolist()) <= kept, "a sentence lost every vector"
+    content = sum(1 for o in owners if o != {-1})
+    assert content == max(len(set(seg[seg >= 0].tolist())), math.ceil(int((seg >= 0).sum()) / factor))
+
+
+def test_pool_by_runs_is_the_normalised_mean_and_differentiable():
+    x = torch.randn(7, 5, requires_grad=True)
+    runs = np.array([1, 3, 2, 1], dtype=np.uint8)
+    out = pool_by_runs(x, runs)
+    want = torch.stack([x[0], x[1:4].mean(0), x[4:6].mean(0), x[6]])
+    assert torch.allclose(out, torch.nn.functional.normalize(want, dim=-1), atol=1e-6)
+    out.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    offsets = torch.tensor([[0, 0], [0, 3], [4, 6], [6, 9], [10, 12], [12, 13], [0, 0]])
+    assert pooled_offsets(offsets, runs).tolist() == [[0, 0], [0, 9], [10, 13], [0, 0]]
+
+
+@pytest.mark.parametrize("bad", ["0", "0.5", "-2", "two", "nan", "inf", "17", "", True, None])
+def test_bad_pool_factors(bad):
+    with pytest.raises(ValueError, match="pool factor must be a number from 1 to 16"):
+        check_pool_factor(bad)
+    assert check_pool_factor("2") == 2 and check_pool_factor(2.5) == 2.5
+
+
+WORDS = ["coral", "reef", "bleach", "ocean", "warm", "algae", "fish", "storm", "wave", "sand", "a", "b"]
+
+
+@st.composite
+def texts(draw):
+    sentences = draw(st.lists(st.lists(st.sampled_from(WORDS), min_size=1, max_size=9), min_size=1, max_size=5))
+    return " ".join(" ".join(words).capitalize() + "." for words in sentences)
+
+
+@pytest.fixture(scope="module")
+def long_encoder(make_tiny_encoder):
+    return make_tiny_encoder(doc_maxlen=96)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(texts(), min_size=1, max_size=6), st.sampled_from([2, 3, 4]))
+def test_no_sentence_of_a_pooled_index_is_left_without_a_vector(tmp_path_factory, long_encoder, docs, factor):
+    path = tmp_path_factory.mktemp("pooled") / "ix"
+    passages = [Passage(f"p{i}", text) for i, text in enumerate(docs)]
+    build_index(long_encoder, passages, path, pool_factor=factor, progress=False)
+    manifest = read_manifest(path)
+    assert manifest["pool_factor"] == factor and manifest["num_tokens"] <= manifest["num_original_tokens"]
+    index = Index(path, model=long_encoder)
+    corpus = index.store.corpus(np.arange(len(passages)))
+    sentences_held = set(corpus.token_sentence[corpus.token_sentence >= 0].tolist())
+    assert sentences_held == set(range(corpus.sentences.shape[0]))
+    # every sentence is an answer: a sentence search over all of them scores each one (none is -inf)
+    hits = index.search("coral reef", granularity="sentence", top_k=None, exact=True)
+    assert len(hits) == corpus.sentences.shape[0] and all(math.isfinite(h.score) for h in hits)
+
+
+def test_pooled_offsets_from_the_tokenizer_equal_stored_ones(tmp_path, long_encoder):
+    passages = [Passage("a", "Coral reefs bleach in warm water. Fish leave. Storms break the reef apart."),
+                Passage("b", "A. Sand and algae cover the dead coral within a year or two of the bleaching.")]
+    build_index(long_encoder, passages, tmp_path / "tok", pool_factor=3, progress=False)
+    from agrame.index.writer import build_compressed
+
+    build_compressed(long_encoder, passages, tmp_path / "kept", pool_factor=3, progress=False, store_offsets=True)
+    recomputed = Store(tmp_path / "tok", tokenize=long_encoder.passage_offsets).corpus(np.arange(2))
+    stored = Store(tmp_path / "kept").corpus(np.arange(2))
+    assert torch.equal(recomputed.offsets, stored.offsets)
+    assert torch.equal(recomputed.token_sentence, stored.token_sentence)
+    full = long_encoder.encode_passages([p.text for p in passages])
+    assert recomputed.num_tokens < sum(len(e.offsets) for e in full)
+    # each pooled vector covers one run of tokens: its characters are from the first's start to the last's end
+    runs = np.asarray(Store(tmp_path / "tok").runs)
+    assert int(runs.sum()) == sum(len(e.offsets) for e in full)
+    assert torch.equal(recomputed.offsets, pooled_offsets(torch.cat([e.offsets for e in full]), runs))
+    # the one-word sentence "A." keeps its own vector
+    b = recomputed.passage_tokens(1)
+    assert ((recomputed.offsets[b, 0] == 0) & (recomputed.offsets[b, 1] >= 1) & (recomputed.offsets[b, 1] <= 2)).any()
+
+
+def test_a_span_that_cuts_a_cluster_is_scored_by_the_clusters_it_overlaps(tmp_path, long_encoder):
+    text = "Warming ocean waters cause coral bleaching in which stressed corals expel their algae."
+    passage = Passage("a", text, spans=((0, 4), (27, 32), ((6, 13), (60, 66)), (0, len(text))))
+    build_index(long_encoder, [passage], tmp_path / "ix", pool_factor=4, progress=False)
+    index = Index(tmp_path / "ix", model=long_encoder)
+    hits = index.search("coral bleaching", granularity="span", top_k=None, exact=True)
+    assert len(hits) == 4 and all(math.isfinite(h.score) for h in hits)
+    corpus = index.store.corpus(np.arange(1))
+    _, q = index.encode_query("coral bleaching", "span")  # the span side's query vectors
+    sim = q @ corpus.vectors.T
+    masks = span_token_mask(corpus.offsets, list(passage.spans))
+    for hit in hits:
+        k = [tuple(map(tuple, p)) for p in (((s,) if isinstance(s[0], int) else s) for s in passage.spans)].index(
+            tuple(map(tuple, hit.pieces)))
+        want = sim.masked_fill(~masks[k].unsqueeze(0), float("-inf")).amax(-1).sum()
+        assert hit.span_score == pytest.approx(float(want), rel=1e-5, abs=1e-5)
+    # (0, 4) cuts "Warming" and whatever cluster holds it: that whole cluster scores it
+    first = masks[0].nonzero().flatten().tolist()
+    assert first and all(int(corpus.offsets[j, 1]) > 0 for j in first)
+
+
+def test_add_upsert_compact_keep_the_factor(tmp_path, long_encoder):
+    first = [Passage(f"p{i}", f"Coral reef number {i} bleached. Fish left it in year {i}.") for i in range(6)]
+    path = tmp_path / "ix"
+    build_index(long_encoder, first, path, pool_factor=2, progress=False)
+    index = Index(path, model=long_encoder)
+    index.add([Passage("new", "Storms broke the reef. Sand covered it.")])
+    with pytest.raises(PoolFactorError, match="pool factor 2.*not with 3"):
+        index.add([Passage("other", "Nothing.")], pool_factor=3)
+    index.upsert([Passage("p1", "The algae came back. The reef recovered slowly over ten years.")])
+    index.delete(["p0", "p2"], compact_threshold=0.1)
+    manifest = read_manifest(path)
+    assert manifest["pool_factor"] == 2 and "tombstones" not in manifest
+    store = index.store
+    assert int(np.asarray(store.runs).sum()) == manifest["num_original_tokens"]
+    rebuilt = tmp_path / "rebuilt"
+    live = [Passage(r["id"], r["text"]) for r in (store.record(int(p)) for p in store.live_positions())]
+    build_index(long_encoder, live, rebuilt, pool_factor=2, progress=False, codec=store.codec)
+    assert np.array_equal(np.asarray(Store(rebuilt).runs), np.asarray(store.runs))
+    # a compacted pooled index answers as a fresh pooled build of its live passages
+    ours = index.search("reef recovered", granularity="sentence", top_k=None, exact=True)
+    fresh = Index(rebuilt, model=long_encoder).search("reef recovered", granularity="sentence", top_k=None, exact=True)
+    assert [(h.passage_id, h.start, h.end, round(h.score, 4)) for h in ours] == \
+        [(h.passage_id, h.start, h.end, round(h.score, 4)) for h in fresh]
+
+
+def test_cli_pool_factor(tmp_path, capsys, coral_file, tiny_model_dir):
+    ix = tmp_path / "ix"
+    for bad in ("0", "0.9", "two", "17"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["index", "-p", str(coral_file), "-i", str(ix), "-m", str(tiny_model_dir), "--pool-factor", bad])
+        assert exit_.value.code == 2
+        assert "pool factor must be a number from 1 to 16" in capsys.readouterr().err
+    assert not ix.exists()
+    assert main(["index", "-p", str(coral_file), "-i", str(ix), "-m", str(tiny_model_dir), "--pool-factor", "2"]) == 0
+    assert read_manifest(ix)["pool_factor"] == 2
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in ix.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert main(["index", "--add", "-p", str(coral_file), "-i", str(ix), "--pool-factor", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "pool factor 2" in err and "not with 3" in err
+    assert {p.name: p.read_bytes() for p in ix.rglob("*") if p.is_file() and p.name != ".lock"} == before
+    assert main(["index", "--upsert", "-p", str(coral_file), "-i", str(ix), "--pool-factor", "2"]) == 0
+    assert main(["index", "-p", str(coral_file), "-i", str(tmp_path / "v1"), "-m", str(tiny_model_dir),
+                 "--format", "1", "--pool-factor", "2"]) == 2
+    assert "--pool-factor needs a compressed index" in capsys.readouterr().err
+    assert main(["search", "-i", str(ix), "-g", "sentence", "-f", "jsonl", "-k", "1", "coral"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["passage_id"]
+
+
+def test_an_index_from_before_pooling_opens_as_factor_one(tmp_path, capsys):
+    from tests.test_default_model import LEGACY_ZERO_SHOT
+
+    ix = tmp_path / "old"
+    shutil.copytree(LEGACY_ZERO_SHOT, ix)
+    assert "pool_factor" not in read_manifest(ix)
+    assert Store(ix).pool_factor == 1 and Store(ix).runs is None
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text(json.dumps({"id": "new", "text": "Sea grass meadows store carbon."}) + "\n")
+    assert main(["index", "--add", "-p", str(extra), "-i", str(ix), "--pool-factor", "2"]) == 2
+    assert "pool factor 1" in capsys.readouterr().err
+    assert main(["index", "--add", "-p", str(extra), "-i", str(ix), "--pool-factor", "1"]) == 0
+    assert "pool_factor" not in read_manifest(ix)
