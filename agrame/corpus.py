@@ -120,6 +120,38 @@ class EncodedCorpus:
             spans={self.ids[p]: self.spans[self.ids[p]] for p in idx if self.ids[p] in self.spans},
         )
 
+    def pooled(self, factor) -> "EncodedCorpus":
+        """This corpus with each passage's token vectors pooled within its sentences
+        (:mod:`agrame.pooling`): about one vector per ``factor`` tokens; sentences and spans keep
+        working (a pooled vector's offsets cover its run of tokens)."""
+        from .pooling import check_pool_factor, pool_by_runs, pool_runs, pooled_offsets
+
+        factor = check_pool_factor(factor)
+        if factor == 1:
+            return self
+        vectors, offsets, token_sentence, starts = [], [], [], [0]
+        for p in range(len(self)):
+            sl = self.passage_tokens(p)
+            vec = self.vectors[sl]
+            vec = torch.from_numpy(np.asarray(vec, dtype=np.float32)) if isinstance(vec, np.ndarray) else vec
+            seg = self.token_sentence[sl]
+            seg = torch.where(self.offsets[sl, 1] > self.offsets[sl, 0], seg, torch.full_like(seg, -1))
+            runs = pool_runs(vec.float().numpy(), seg.numpy(), factor)
+            first = torch.from_numpy(np.cumsum(runs, dtype=np.int64) - runs.astype(np.int64))
+            vectors.append(pool_by_runs(vec.float(), runs).to(vec.dtype))
+            offsets.append(pooled_offsets(self.offsets[sl], runs))
+            token_sentence.append(self.token_sentence[sl][first])
+            starts.append(starts[-1] + len(runs))
+        passage_starts = torch.tensor(starts, dtype=torch.long)
+        return EncodedCorpus(
+            ids=list(self.ids), texts=list(self.texts),
+            vectors=torch.cat(vectors) if vectors else self.vectors[:0],
+            offsets=torch.cat(offsets) if offsets else self.offsets[:0],
+            token_passage=torch.repeat_interleave(torch.arange(len(self)), passage_starts.diff()),
+            token_sentence=torch.cat(token_sentence) if token_sentence else self.token_sentence[:0],
+            sentences=self.sentences, sentence_passage=self.sentence_passage, passage_starts=passage_starts,
+            spans=dict(self.spans))
+
     @classmethod
     def concat(cls, parts: Sequence["EncodedCorpus"]) -> "EncodedCorpus":
         """One corpus from several (e.g. index shards), renumbering passages and sentences."""

@@ -76,8 +76,9 @@ class PoolVectors:
             self._corpus.vectors = self._corpus.vectors.float()
         return self._corpus
 
-    def index_path(self, nbits: int) -> Path:
-        return cache_root() / f"index-pool-{self.encoder.fingerprint()[:12]}-{_hash(self.pool.texts)}-{nbits}b"
+    def index_path(self, nbits: int, pool_factor=1) -> Path:
+        suffix = "" if pool_factor == 1 else f"-p{pool_factor:g}"
+        return cache_root() / f"index-pool-{self.encoder.fingerprint()[:12]}-{_hash(self.pool.texts)}-{nbits}b{suffix}"
 
 
 def _exact_rankings_files(dataset: str, tag: Optional[str]) -> List[Path]:
@@ -94,11 +95,15 @@ def _model_args(args) -> List[str]:
 
 
 def _tagged(name: str, args) -> str:
+    factor = getattr(args, "pool_factor", 1)
+    name = name if factor == 1 else f"{name}-p{factor:g}"
     return f"{name}-{args.tag}" if getattr(args, "tag", None) else name
 
 
-def build(vectors: PoolVectors, nbits: int, overwrite: bool = False) -> Tuple[Path, dict]:
-    path = vectors.index_path(nbits)
+def build(vectors: PoolVectors, nbits: int, overwrite: bool = False, pool_factor=1) -> Tuple[Path, dict]:
+    """The pool's index at ``nbits`` (token-pooled by ``pool_factor``, :mod:`agrame.pooling`), built from
+    the cached vectors unless cached itself."""
+    path = vectors.index_path(nbits, pool_factor)
     start = time.perf_counter()
     if path.exists() and offsets_stored(read_manifest(path)):
         overwrite = True  # cached before token offsets were recomputed at search time: not today's layout
@@ -106,7 +111,7 @@ def build(vectors: PoolVectors, nbits: int, overwrite: bool = False) -> Tuple[Pa
         corpus = vectors.corpus()
         passages = [Passage(str(i), t) for i, t in enumerate(vectors.pool.texts)]
         build_compressed(vectors.encoder, passages, path, nbits=nbits, sentences=vectors.spans, encoded=corpus,
-                         overwrite=overwrite)
+                         overwrite=overwrite, pool_factor=pool_factor)
     seconds = time.perf_counter() - start
     return path, {"build_seconds_from_cached_vectors": round(seconds, 1)}
 
@@ -118,10 +123,13 @@ def size_report(path: Path, v1_tokens: int, dim: int) -> dict:
     T = store.num_tokens
     per_file = {name: round(info["size"] / T, 3) for name, info in sorted(files.items())}
     total = store.bytes(include_text=False)
+    original = int(store.manifest.get("num_original_tokens", T))
     # Version 1: float16 vectors + int32 offsets (8 B) + int32 token→sentence (4 B) per token.
     v1_per_token = 2 * dim + 12
     return {"tokens": T, "passages": len(store), "num_centroids": store.codec.num_centroids,
             "bytes_per_token_text_excluded": round(total / T, 2), "bytes_per_token_by_file": per_file,
+            "pool_factor": store.pool_factor, "original_tokens": original,
+            "bytes_per_original_token_text_excluded": round(total / original, 2),
             "index_bytes_text_excluded": total, "index_bytes_with_text": store.bytes(include_text=True),
             "v1_bytes_per_token": v1_per_token, "v1_bytes_text_excluded_estimate": v1_per_token * v1_tokens,
             "size_ratio_v1_over_v2": round(v1_per_token / (total / T), 2)}
@@ -211,14 +219,16 @@ def cmd_run(args) -> None:
             rank = lambda k: exact_rankings(*encoded[k], corpus, alpha)  # noqa: E731
             info["first_stage"] = "exhaustive exact scan (float16 vectors)"
         else:
-            path, _ = build(vectors, args.nbits)
+            path, _ = build(vectors, args.nbits, pool_factor=args.pool_factor)
             index = Index(path, model=encoder)
             settings = SearchSettings(args.nprobe or index.defaults.nprobe,
                                       args.ncandidates or index.defaults.ncandidates,
                                       args.per_hit or index.defaults.per_hit)
             rank = lambda k: index_rankings(index, *encoded[k], alpha, settings, harness.sent_starts,  # noqa: E731
                                             vectors.spans)
-            info.update({"first_stage": f"agrame compressed index, {args.nbits}-bit residuals",
+            info.update({"first_stage": f"agrame compressed index, {args.nbits}-bit residuals"
+                                        + (f", tokens pooled by {args.pool_factor:g}" if args.pool_factor != 1 else ""),
+                         "pool_factor": args.pool_factor,
                          "search": settings._asdict(), "num_centroids": index.store.codec.num_centroids})
         search_seconds = 0.0
     per_question, rankings = [], {}
@@ -272,13 +282,14 @@ def agreement(rankings: dict, exact: dict) -> dict:
 def cmd_build(args) -> None:
     vectors = PoolVectors(args.model)
     for nbits in args.nbits:
-        path, timing = build(vectors, nbits, overwrite=args.overwrite)
+        path, timing = build(vectors, nbits, overwrite=args.overwrite, pool_factor=args.pool_factor)
         report = {**size_report(path, vectors.corpus().num_tokens, vectors.encoder.dim), **timing,
                   "codec": json.loads((path / "manifest.json").read_text())["codec"]}
         out = write_result(_tagged(f"index_search-size-{nbits}b", args), {"benchmark": "index_search", "what": "size",
                                                             "model": vectors.encoder.source, "nbits": nbits,
                                                             "pool_passages": len(vectors.pool), **report},
-                           None, command_line("benchmarks.index_search", ["build", "--nbits", str(nbits)] + _model_args(args)))
+                           None, command_line("benchmarks.index_search", ["build", "--nbits", str(nbits)] + _model_args(args)
+                                              + (["--pool-factor", f"{args.pool_factor:g}"] if args.pool_factor != 1 else [])))
         print(f"{nbits} bits: {report['bytes_per_token_text_excluded']} B/token → {out}")
 
 
@@ -334,7 +345,7 @@ def cmd_choose(args) -> None:
     questions = _train_questions(vectors.pool, 300, args.seed)[:args.limit]
     encoded = encode_queries(encoder, [q.text for q in questions])
     float16 = json.loads((cache_root() / f"choose-exact-{encoder.fingerprint()[:12]}-300-{args.seed}.json").read_text())
-    path, _ = build(vectors, args.nbits)
+    path, _ = build(vectors, args.nbits, pool_factor=args.pool_factor)
     index = Index(path, model=encoder)
     ref_file = cache_root() / f"choose-compressed-{path.name}-{args.limit}-{args.seed}.json"
     if ref_file.exists():
@@ -406,7 +417,7 @@ def cmd_latency(args) -> None:
     torch.set_num_threads(args.threads)
     vectors = PoolVectors(args.model)
     encoder = vectors.encoder
-    path, _ = build(vectors, args.nbits)
+    path, _ = build(vectors, args.nbits, pool_factor=args.pool_factor)
     index = Index(path, model=encoder)
     questions = sample(load_questions("squad-dev", vectors.pool), args.limit, args.seed)
     # Warm-up as a serving process is warm: every index file read once (a build or a bigger job run just
@@ -516,6 +527,132 @@ def cmd_frontier(args) -> None:
     print(json.dumps(result["chosen"]), "→", out)
 
 
+POOL_FACTORS = (1, 2, 3, 4)
+POOL_NBITS = (1, 2, 4)
+#: The codec the pool factor is chosen at: the one shipped (the frontier's choice, issue 41).
+POOL_SHIPPED_NBITS = 2
+#: The rule for the shipped pool factor, written down before any pooled row was measured (issue 53): on
+#: SQuAD *train* questions, at POOL_SHIPPED_NBITS, the largest factor (the smallest index) whose passage
+#: P@1 and sentence P@1 are both within POOL_MAX_LOSS points of the unpooled index's (factor 1, same bits).
+POOL_MAX_LOSS = 0.5
+
+
+def _factor(value: str):
+    from agrame.pooling import check_pool_factor
+
+    try:
+        return check_pool_factor(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def cmd_pooling(args) -> None:
+    """Token pooling's frontier (:mod:`agrame.pooling`): the pool's index at each pool factor × residual
+    bits, built from the cached vectors — bytes per *original* token (text excluded), build seconds
+    from the cached vectors, and staged search at the index's defaults on SQuAD *train* questions
+    (passage P@1 / R@100, sentence P@1), with each row's loss against factor 1 at the same bits; then the
+    shipped factor by the rule written beside ``POOL_MAX_LOSS``. The result is rewritten after each row
+    (the indexes are cached: a killed run resumes)."""
+    torch.set_num_threads(args.threads)
+    pool = load_pool()
+    questions = _train_questions(pool, args.limit, args.seed)
+    vectors = PoolVectors(args.model, pool)
+    encoder = vectors.encoder
+    alpha = encoder.settings.alpha
+    harness = Harness("pool", pool.texts, vectors.spans)
+    encoded = encode_queries(encoder, [q.text for q in questions])
+    rows: List[dict] = []
+
+    def finish() -> Path:
+        for row in rows:
+            base = next((r for r in rows if r["nbits"] == row["nbits"] and r["pool_factor"] == 1), None)
+            if base is not None:
+                row["loss_vs_factor_1"] = {k: round(base["metrics"][k] - row["metrics"][k], 2)
+                                           for k in ("psg_p1", "sent_p1", "psg_r100")}
+        within = [r for r in rows if r["nbits"] == POOL_SHIPPED_NBITS and "loss_vs_factor_1" in r
+                  and r["loss_vs_factor_1"]["psg_p1"] <= POOL_MAX_LOSS and r["loss_vs_factor_1"]["sent_p1"] <= POOL_MAX_LOSS]
+        chosen = min(within, key=lambda r: r["bytes_per_original_token"]) if within else None
+        result = {"benchmark": "index_search", "what": "token pooling frontier", "model": encoder.source,
+                  "fingerprint": encoder.fingerprint()[:12], "threads": torch.get_num_threads(),
+                  "data": f"SQuAD train, {len(questions)} questions (one per paragraph, seed {args.seed}), "
+                          f"the pool's {len(pool)} passages",
+                  "rule": f"at {POOL_SHIPPED_NBITS} bits, the smallest index (bytes per original token) whose passage "
+                          f"and sentence P@1 are within {POOL_MAX_LOSS} of factor 1's (written before the rows)",
+                  "rows": rows,
+                  "chosen": None if chosen is None else {k: chosen[k] for k in ("pool_factor", "nbits",
+                                                                                 "bytes_per_original_token")}}
+        return write_result(_tagged("index_search-pooling", args), result, None,
+                            command_line("benchmarks.index_search", ["pooling", *args.argv]))
+
+    for nbits in args.nbits:
+        for factor in args.factors:
+            path, built = build(vectors, nbits, pool_factor=factor)
+            index = Index(path, model=encoder)
+            store = index.store
+            original = int(store.manifest.get("num_original_tokens", store.num_tokens))
+            settings = SearchSettings(index.defaults.nprobe, index.defaults.ncandidates, index.defaults.per_hit)
+            per, start = [], time.perf_counter()
+            for k, q in enumerate(tqdm(questions, desc=f"factor {factor:g}, {nbits} bits", disable=None)):
+                passages, sentences = index_rankings(index, *encoded[k], alpha, settings, harness.sent_starts,
+                                                     vectors.spans)
+                m = judge("squad-dev", harness, q, passages, sentences, passages)  # SQuAD's gold rule (answer_start)
+                m["psg_r100"] = m.pop("first_stage_r100")
+                per.append(m)
+            rows.append({"pool_factor": factor, "nbits": nbits, "stored_vectors": int(store.num_tokens),
+                         "original_tokens": original,
+                         "vectors_per_original_token": round(store.num_tokens / original, 4),
+                         "bytes_per_original_token": round(store.bytes(include_text=False) / original, 2),
+                         "num_centroids": store.codec.num_centroids, **built,
+                         "ms_per_question_passage_and_sentence": round(1000 * (time.perf_counter() - start)
+                                                                       / len(questions), 1),
+                         "search": index.defaults._asdict(), "metrics": summarize(per)})
+            print(rows[-1], flush=True)
+            store.close()
+            out = finish()
+    print(f"→ {out}")
+
+
+def cmd_pool_latency(args) -> None:
+    """Search-only latency of the pool's index at each ``--factors`` (same bits, same defaults) at passage
+    k = 10 / 100 and sentence k = 10, in passes A B … B A of one run over the same query vectors."""
+    torch.set_num_threads(args.threads)
+    vectors = PoolVectors(args.model)
+    encoder = vectors.encoder
+    indexes = {f: Index(build(vectors, args.nbits, pool_factor=f)[0], model=encoder) for f in args.factors}
+    questions = sample(load_questions("squad-dev", vectors.pool), args.limit, args.seed)
+    queries = encode_queries(encoder, [q.text for q in questions])
+    for index in indexes.values():  # warm: every file read once, then a few queries per case
+        for f in sorted(p for p in Path(index.path).rglob("*") if p.is_file()):
+            with open(f, "rb") as handle:
+                while handle.read(1 << 24):
+                    pass
+        for g, k in ENGINE_CASES:
+            for q, s in queries[:5]:
+                index.search_vectors(q, s, g, k)
+    times = {f: {f"{g} k={k}": [] for g, k in ENGINE_CASES} for f in indexes}
+    order = list(indexes)
+    for f in order + order[::-1]:
+        for g, k in ENGINE_CASES:
+            for q, s in tqdm(queries, desc=f"factor {f:g}, {g} k={k}", disable=None):
+                t = time.perf_counter()
+                indexes[f].search_vectors(q, s, g, k)
+                times[f][f"{g} k={k}"].append(1000 * (time.perf_counter() - t))
+    pct = lambda xs, p: round(float(np.percentile(xs, p)), 1)  # noqa: E731
+    ms = {f"{f:g}": {case: {"median": pct(xs, 50), "p95": pct(xs, 95)} for case, xs in cases.items()}
+          for f, cases in times.items()}
+    first = f"{order[0]:g}"
+    result = {"benchmark": "index_search", "what": "token pooling latency", "model": encoder.source,
+              "fingerprint": encoder.fingerprint()[:12], "nbits": args.nbits, "threads": torch.get_num_threads(),
+              "queries": f"squad-dev, {len(questions)} sampled (seed {args.seed}), query vectors encoded beforehand",
+              "search": {f"{f:g}": ix.defaults._asdict() for f, ix in indexes.items()},
+              "ms_search_only": ms,
+              "ratio_to_factor_" + first: {f: {case: round(v[case]["median"] / ms[first][case]["median"], 3)
+                                                for case in v} for f, v in ms.items()}}
+    out = write_result(_tagged(f"index_search-pool-latency-{args.nbits}b", args), result, None,
+                       command_line("benchmarks.index_search", ["pool-latency", *args.argv]))
+    print(json.dumps(result, indent=1), "→", out)
+
+
 ENGINE_CASES = (("passage", 10), ("passage", 100), ("sentence", 10))
 #: The exact stage's decompression chunk before issue 41 (the whole candidate set decompressed, then scored
 #: in ranker.CHUNK_TOKENS chunks): the in-run baseline of ``engine``.
@@ -542,7 +679,7 @@ def cmd_engine(args) -> None:
     torch.set_num_threads(args.threads)
     vectors = PoolVectors(args.model)
     encoder = vectors.encoder
-    path, _ = build(vectors, args.nbits)
+    path, _ = build(vectors, args.nbits, pool_factor=args.pool_factor)
     questions = sample(load_questions("squad-dev", vectors.pool), args.limit, args.seed)
     queries = encode_queries(encoder, [q.text for q in questions])
     rss_before = _rss_mb()
@@ -609,7 +746,7 @@ def cmd_stages(args) -> None:
     torch.set_num_threads(args.threads)
     vectors = PoolVectors(args.model)
     encoder = vectors.encoder
-    path, _ = build(vectors, args.nbits)
+    path, _ = build(vectors, args.nbits, pool_factor=args.pool_factor)
     index = Index(path, model=encoder)
     store = index.store
     nprobe = index.defaults.nprobe
@@ -938,10 +1075,30 @@ def main(argv=None) -> None:
     sc.add_argument("--queries", type=int, default=100)
     sc.add_argument("--out", default=None, help="result file (default: benchmarks/results/…)")
     sc.add_argument("--search-only", action="store_true", help=argparse.SUPPRESS)
+    for p in (b, r, c, la, en, sg):
+        p.add_argument("--pool-factor", type=_factor, default=1,
+                       help="token pooling of the index (agrame.pooling; default 1: one vector per token)")
+    sc.set_defaults(pool_factor=1)
     for p in (b, r, c, la, en, sg, sc):
         p.add_argument("--model", default=None, help="multi-vector model (default: the package default)")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--tag", default=None, help="label of the model (kept in result file names, e.g. zeroshot)")
+    po = sub.add_parser("pooling", help="token pooling's frontier: pool factors x residual bits on SQuAD train, "
+                                        "and the shipped factor by its rule")
+    po.add_argument("--factors", type=_factor, nargs="+", default=list(POOL_FACTORS))
+    po.add_argument("--nbits", type=int, nargs="+", default=list(POOL_NBITS))
+    po.add_argument("--limit", type=int, default=1000)
+    po.add_argument("--threads", type=int, default=1)
+    pl = sub.add_parser("pool-latency", help="search-only ms of the pool's index at several pool factors, one run")
+    pl.add_argument("--factors", type=_factor, nargs="+", default=[1, 2])
+    pl.add_argument("--nbits", type=int, default=2)
+    pl.add_argument("--limit", type=int, default=200)
+    pl.add_argument("--threads", type=int, default=2)
+    for p in (po, pl):
+        p.add_argument("--model", default=None, help="multi-vector model (default: the package default)")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--tag", default=None, help="label of the model (kept in result file names)")
+        p.set_defaults(pool_factor=1)
     bt = sub.add_parser("build-time", help="pooled-index build time of several models, in one run")
     bt.add_argument("--models", nargs="+", required=True, help="multi-vector models; ratios are to the first")
     bt.add_argument("--passages", type=int, default=1000, help="pool passages encoded per model (seeded sample)")
@@ -953,7 +1110,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     args.argv = list(argv[1:] if argv is not None else os.sys.argv[2:])  # the arguments after the subcommand
     {"build": cmd_build, "run": cmd_run, "choose": cmd_choose, "latency": cmd_latency,
-     "engine": cmd_engine, "stages": cmd_stages, "frontier": cmd_frontier, "scale": cmd_scale, "build-time": cmd_build_time}[args.cmd](args)
+     "engine": cmd_engine, "stages": cmd_stages, "frontier": cmd_frontier, "scale": cmd_scale, "build-time": cmd_build_time,
+     "pooling": cmd_pooling, "pool-latency": cmd_pool_latency}[args.cmd](args)
 
 
 if __name__ == "__main__":

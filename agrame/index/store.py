@@ -491,10 +491,23 @@ class VectorSource:
 def train_codec_from(source: "VectorSource", nbits: int, *, seed: int = 0,
                      points_per_centroid: int = POINTS_PER_CENTROID, pool_factor=1):
     """:func:`train_codec` for vectors already encoded (the token count is known, not estimated; a pooled
-    build's is taken as tokens / factor, and its centroids are trained on the tokens themselves)."""
+    build's is taken as tokens / factor). A pooled build from an :class:`EncodedCorpus` trains on pooled
+    vectors of randomly drawn passages (another source: on its tokens)."""
     k = num_centroids(int(source.num_tokens / pool_factor))
-    needed = min(source.num_tokens, k * points_per_centroid)
-    sample = source.sample_vectors(needed, seed)
+    needed = min(int(source.num_tokens / pool_factor), k * points_per_centroid)
+    if pool_factor != 1 and isinstance(source, VectorSource):
+        rng = np.random.default_rng(seed)
+        order, parts, have = rng.permutation(len(source.corpus)), [], 0
+        for lo in range(0, len(order), 512):
+            part = source.corpus.select(order[lo:lo + 512].tolist()).pooled(pool_factor)
+            parts.append(np.asarray(part.vectors, dtype=np.float32))
+            have += len(parts[-1])
+            if have >= needed:
+                break
+        sample = np.concatenate(parts)
+        sample = sample[np.sort(rng.choice(len(sample), min(needed, len(sample)), replace=False))]
+    else:
+        sample = source.sample_vectors(needed, seed)
     started = time.perf_counter()
     codec = ResidualCodec.train(sample, k, nbits, niter=KMEANS_NITER, seed=seed)
     return codec, {}, {"estimated_tokens": source.num_tokens, "num_centroids": codec.num_centroids,
