@@ -506,3 +506,23 @@ def test_pack_from_a_runs_folder_remixes_with_the_committed_ranking_by_default(t
     assert stop.value.code == 2 and not (tmp_path / "b").exists()
     err = capsys.readouterr().err
     assert "squad-ranking-zero-shot-128.jsonl" in err and "none of squad-labels.jsonl's 8 questions is ranked" in err
+
+
+def test_a_pooling_aware_bundle_trains_its_students_for_the_pooled_index(tmp_path, tiny_base):
+    train, distill = _records(tmp_path)
+    with pytest.raises(bundle.BundleError, match="pool factor must be a number"):
+        bundle.pack(tmp_path / "bad", train=[str(train)], distill=[], models=["agrame"], precision="float32",
+                    wheels="none", extra_args=TINY_ARGS, pool_factor="0", say=lambda *_: None)
+    assert not (tmp_path / "bad").exists()
+    manifest = bundle.pack(tmp_path / "b", train=[str(train)], distill=[], models=["agrame"], precision="float32",
+                           wheels="none", extra_args=TINY_ARGS, pool_factor="2", say=lambda *_: None)
+    assert manifest["recipe"][-2:] == ["--pool-factor", "2"]
+    # the student the bundle's recipe runs there, here on the CPU: it pools its passages as the index will
+    start, args = bundle.MODELS["agrame"]
+    done = subprocess.run([sys.executable, "-m", "training.student", "--init-model", start, *args,
+                           *manifest["recipe"], "--device", "cpu", "--data", str(train), "--steps", "2",
+                           "--out", str(tmp_path / "run")], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "final" / "training.json").read_text())["pool_factor"] == 2
+    assert "done at step 2" in (tmp_path / "run" / "train.log").read_text()

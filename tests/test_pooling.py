@@ -234,3 +234,64 @@ def test_an_index_from_before_pooling_opens_as_factor_one(tmp_path, capsys):
     assert "pool factor 1" in capsys.readouterr().err
     assert main(["index", "--add", "-p", str(extra), "-i", str(ix), "--pool-factor", "1"]) == 0
     assert "pool_factor" not in read_manifest(ix)
+
+
+# -- pooling-aware training (training.student --pool-factor) ------------------------------------------
+
+
+@pytest.mark.parametrize("factor", [2, 3])
+def test_a_pooling_student_scores_what_a_pooled_index_would(marked_encoder, factor):
+    from agrame.ranker import Ranker
+    from tests.test_training import record
+    from training.student import StudentScorer
+
+    batch = [record("why do reefs bleach", [0, 1, 2]), record("who built the tower in 1889", [2, 3, 0])]
+    scorer = StudentScorer(marked_encoder, "Q'", pool_factor=factor).eval()
+    with torch.no_grad():
+        passage, sentence, mask = scorer(batch)
+    ranker = Ranker(marked_encoder, alpha=0.0)
+    for b, r in enumerate(batch):
+        full = ranker.encode([Passage(str(k), p["text"]) for k, p in enumerate(r["passages"])])  # Punkt, as the records
+        corpus = full.pooled(factor)
+        assert corpus.num_tokens < full.num_tokens
+        for hit in ranker.rank(r["question"], corpus, "passage", top_k=None):
+            assert float(passage[b, int(hit.passage_id)]) == pytest.approx(hit.score, abs=1e-4)
+        for hit in ranker.rank(r["question"], corpus, "sentence", top_k=None):
+            p = int(hit.passage_id)
+            s = [tuple(x) for x in r["passages"][p]["sentences"]].index((hit.start, hit.end))
+            assert mask[b, p, s]
+            assert float(sentence[b, p, s]) == pytest.approx(hit.span_score, abs=1e-4)
+
+
+def test_a_pooled_corpus_holds_the_runs_a_pooled_index_stores(tmp_path, long_encoder):
+    from agrame.ranker import Ranker
+
+    passages = [Passage("a", "Coral reefs bleach in warm water. Fish leave. Storms break the reef apart."),
+                Passage("b", "Sand and algae cover the dead coral within a year or two of the bleaching.")]
+    from agrame.index.writer import build_compressed
+
+    build_compressed(long_encoder, passages, tmp_path / "ix", pool_factor=2, progress=False, store_offsets=True)
+    pooled = Ranker(long_encoder).encode(passages).pooled(2)
+    stored = Store(tmp_path / "ix").corpus(np.arange(2))
+    assert torch.equal(pooled.offsets, stored.offsets) and torch.equal(pooled.token_sentence, stored.token_sentence)
+
+
+def test_a_pooling_student_step_keeps_every_tensor_on_the_encoders_device(make_tiny_encoder, monkeypatch):
+    # The meta device has no values to cluster: the host copy the runs are chosen on is stood in for by
+    # random values of its shape; everything else (the means, the masks, the loss, backward) runs under
+    # the mode that refuses an operation mixing devices.
+    import training.student as student
+    from tests.test_training import record
+    from tests.test_training_scale import OneDeviceMode, _meta_student
+    from training.losses import MultiGranularKLLoss
+
+    monkeypatch.setattr(student, "_host", lambda v: torch.randn(v.shape) if v.device.type == "meta" else v.cpu())
+    encoder = _meta_student(make_tiny_encoder)
+    batch = [record("reefs", [0, 1, 2]), record("tower", [2, 3, 0])]
+    optimizer = torch.optim.AdamW(student.trainable_parameters(encoder, layers=1), lr=1e-4)
+    scorer = student.StudentScorer(encoder, "Q'", in_batch=True, pool_factor=2)
+    with OneDeviceMode():
+        value = student.make_loss(scorer, MultiGranularKLLoss())(batch)
+        value.backward()
+        optimizer.step()
+    assert value.device.type == "meta" and value.shape == ()

@@ -386,13 +386,22 @@ def remix_with_ranking(records: Path, ranking: Path, mined: int, folder: Path) -
 def pack(out: Path, *, train: Sequence[str], distill: Sequence[str], models: Sequence[str] = tuple(MODELS),
          precision: str = "float16", wheels: str = "download", limit_mib: Optional[float] = None,
          extra_args: Sequence[str] = (), mine: Optional[Tuple[str, str]] = None,
-         ranking: Optional[Tuple[str, Path]] = None, mined: int = MINED, say=print) -> dict:
+         ranking: Optional[Tuple[str, Path]] = None, mined: int = MINED, pool_factor=1, say=print) -> dict:
     """Write the bundle folder ``out`` (a new folder, renamed into place); returns its manifest.
     ``limit_mib`` None: what the device call leaves beside the checkout that travels with it. ``mine``:
     ``(records file name, model)`` whose questions are ranked there against all its passages by
     exact MaxSim (``training.mined exact-rank``), the recipe's mined negatives for a later run.
     ``ranking``: ``(records file name, ranking file)``: that training file remixed here with ``mined``
-    negatives a question from an earlier scan's ranking (no scan there)."""
+    negatives a question from an earlier scan's ranking (no scan there). ``pool_factor`` > 1: every
+    student trains pooling-aware for an index built with that ``--pool-factor`` (``training.student``)."""
+    from agrame.pooling import check_pool_factor
+
+    try:
+        pool_factor = check_pool_factor(pool_factor)
+    except ValueError as exc:
+        raise BundleError(str(exc)) from None
+    if pool_factor != 1:
+        extra_args = list(extra_args) + ["--pool-factor", f"{pool_factor:g}"]
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         raise BundleError(f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
@@ -1010,6 +1019,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--limit-mib", type=float, default=None,
                    help=f"largest bundle (default: {LIMIT_MIB} MiB less the checkout that travels beside it)")
     p.add_argument("--extra-args", default="", help="student arguments after the recipe's (tests: a tiny model)")
+    p.add_argument("--pool-factor", default="1", metavar="F",
+                   help="train every student pooling-aware for an index built with --pool-factor F (default 1: none)")
     p.add_argument("--mine", nargs=2, metavar=("RECORDS", "MODEL"), default=None,
                    help="rank RECORDS' questions against all their passages with MODEL there (a scan in the call); "
                         "'none' 'none': no mining")
@@ -1052,7 +1063,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     try:
         if args.command == "pack":
             pack(args.out, **_pack_data(args), models=args.models, precision=args.precision, wheels=args.wheels,
-                 limit_mib=args.limit_mib, extra_args=args.extra_args.split())
+                 limit_mib=args.limit_mib, extra_args=args.extra_args.split(), pool_factor=args.pool_factor)
         elif args.command == "run":
             run(args.bundle, args.out, args.work, device=args.device, budget=args.budget, steps=args.steps,
                 calibration_steps=args.calibration_steps, models=args.models, threads=args.threads,

@@ -24,6 +24,7 @@ import json
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -163,9 +164,13 @@ def layerwise_groups(encoder: Encoder, params: List[nn.Parameter], decay: float)
 class StudentScorer(nn.Module):
     """Differentiable S(q,p) and S'(q,s) for a batch of queries × their k+1 passages."""
 
-    def __init__(self, encoder: Encoder, sentence_marker: str = "Q'", in_batch: bool = False, buckets: int = 4):
+    def __init__(self, encoder: Encoder, sentence_marker: str = "Q'", in_batch: bool = False, buckets: int = 4,
+                 pool_factor=1):
         super().__init__()
         self.encoder = encoder
+        #: Pooling-aware training (issue 53): the passage side is pooled as an index with this
+        #: ``--pool-factor`` stores it (:mod:`agrame.pooling`), so the loss sees the vectors search will.
+        self.pool_factor = pool_factor
         self.sentence_marker = sentence_marker
         #: Score every query against every passage of the batch (the others' are extra negatives).
         self.in_batch = in_batch
@@ -251,14 +256,53 @@ class StudentScorer(nn.Module):
         ids, mask, doc_mask, seg_ids, n_sent, width = self.passage_batch(flat)
         lengths = mask.sum(dim=1).tolist()  # on the host, before the copy: no device sync to group by length
         dev = self.device
+        host_mask, host_seg = doc_mask, seg_ids
         ids, mask, doc_mask, seg_ids = ids.to(dev), mask.to(dev), doc_mask.to(dev), seg_ids.to(dev)
         # Passages hold no trained marker: no gradient into the embeddings, so the frozen lower
         # layers are never back-propagated through for them (the costly side of a step).
         docs = self.encode_passages(ids, mask, lengths).reshape(len(batch), n_p, width, -1)
         doc_mask = doc_mask.reshape(len(batch), n_p, width)
         seg_ids = seg_ids.reshape(len(batch), n_p, width)
+        if self.pool_factor != 1:
+            docs, host_mask, host_seg = pool_padded(docs, host_mask.reshape(len(batch), n_p, width),
+                                                    host_seg.reshape(len(batch), n_p, width), self.pool_factor)
+            doc_mask, seg_ids, width = host_mask.to(dev), host_seg.to(dev), docs.shape[2]
         return late_interaction(q, q_mask, None if qs is q else qs, qs_mask, docs, doc_mask, seg_ids, n_sent,
                                 in_batch=self.in_batch)
+
+
+def _host(vectors: torch.Tensor) -> torch.Tensor:
+    """The values pooling clusters on, on the host (one copy a step)."""
+    return vectors.detach().float().cpu()
+
+
+def pool_padded(docs: torch.Tensor, doc_mask: torch.Tensor, seg_ids: torch.Tensor,
+                factor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Padded passages ``[B, P, W, d]`` on any device (``doc_mask``, ``seg_ids``: ``[B, P, W]`` on the
+    host) pooled as an index pools them (:func:`agrame.pooling.pool_runs` over each passage's scored
+    tokens, each run's normalised mean): ``[B, P, W', d]`` on ``docs``' device, its mask and sentence ids
+    on the host. The runs are chosen on the host without gradient; the means are differentiable."""
+    from agrame.pooling import pool_by_runs, pool_runs
+
+    b, n_p, width, dim = docs.shape
+    flat = docs.reshape(b * n_p, width, dim)
+    host_mask, host_seg = doc_mask.reshape(b * n_p, width).cpu(), seg_ids.reshape(b * n_p, width).cpu()
+    host_vec = _host(flat)
+    pooled, sentences = [], []
+    for i in range(b * n_p):
+        keep = host_mask[i].nonzero().flatten()
+        runs = pool_runs(host_vec[i, keep].numpy(), host_seg[i, keep].numpy(), factor)
+        pooled.append(pool_by_runs(flat[i, keep.to(docs.device)], runs).to(docs.dtype))
+        first = torch.from_numpy(np.cumsum(runs, dtype=np.int64) - runs.astype(np.int64))
+        sentences.append(host_seg[i, keep][first])
+    out = nn.utils.rnn.pad_sequence(pooled, batch_first=True)  # differentiable: zeros past each passage
+    new_width = out.shape[1]
+    new_mask = torch.zeros((b * n_p, new_width), dtype=torch.bool)
+    new_seg = torch.full((b * n_p, new_width), -1, dtype=torch.long)
+    for i, sent in enumerate(sentences):
+        new_mask[i, :len(sent)] = True
+        new_seg[i, :len(sent)] = sent
+    return out.reshape(b, n_p, new_width, dim), new_mask.reshape(b, n_p, new_width), new_seg.reshape(b, n_p, new_width)
 
 
 def late_interaction(q: torch.Tensor, q_mask: torch.Tensor, qs: Optional[torch.Tensor], qs_mask: torch.Tensor,
@@ -372,6 +416,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--base", choices=(ZERO_SHOT, E5_SMALL), default=ZERO_SHOT,
                         help="backbone: MiniLM (zero-shot) or multilingual-e5-small (agrame[e5]; e5's prefixes, "
                              "no markers: --sentence-marker and --query-marker do not apply)")
+    parser.add_argument("--pool-factor", type=float, default=1,
+                        help="pooling-aware training: pool the passage side as 'agrame index --pool-factor F' "
+                             "stores it (agrame.pooling), so the student learns for the pooled index (default 1: none)")
     parser.add_argument("--device", default="cpu",
                         help="torch device of the student, e.g. cuda (checkpoints and the saved model stay "
                              "device-free: a run may resume on another device)")
@@ -394,7 +441,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     params = trainable_parameters(encoder, args.layers)
     if args.layer_lr_decay != 1.0:
         params = layerwise_groups(encoder, params, args.layer_lr_decay)
-    scorer = StudentScorer(encoder, args.sentence_marker, in_batch=args.in_batch, buckets=args.length_buckets)
+    from agrame.pooling import check_pool_factor
+
+    args.pool_factor = check_pool_factor(args.pool_factor)
+    scorer = StudentScorer(encoder, args.sentence_marker, in_batch=args.in_batch, buckets=args.length_buckets,
+                           pool_factor=args.pool_factor)
     criterion = MultiGranularKLLoss(args.weighting, args.sentence_weight)
     settings = LoopSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
                             seed=args.seed, minutes=args.minutes, checkpoint_every=25,
