@@ -86,13 +86,16 @@ def score_single_vector(data: AtomicData, queries: Sequence[Query], baseline: Op
 
 
 def score_colbert_psg(data: AtomicData, queries: Sequence[Query], model: Optional[str], alpha: float,
-                      span_query_marker: Optional[str] = None) -> np.ndarray:
+                      span_query_marker: Optional[str] = None, pool_factor=1) -> np.ndarray:
     encoder = load_encoder(model)
     if span_query_marker is not None:
         encoder = encoder.with_settings(span_query_marker=span_query_marker)
     ranker = Ranker(encoder)
     groups = data.by_sentence()
     corpus = ranker.encode([Passage(str(i), data.sentences[k].text) for i, k in enumerate(groups)])
+    # Token pooling as an index with --pool-factor stores it: a proposition (a sub-sentence span) is then
+    # scored by every pooled vector whose run of tokens it overlaps (agrame.pooling).
+    corpus = corpus.pooled(pool_factor)
     by_sentence = dict(enumerate(groups.values()))  # corpus passage index → candidate indices
     masks = {}
     for p, cands in by_sentence.items():
@@ -219,6 +222,15 @@ def score_subencoder_cv(data: AtomicData, queries: Sequence[Query], folds: int, 
     return out, info
 
 
+def _factor(value: str):
+    from agrame.pooling import check_pool_factor
+
+    try:
+        return check_pool_factor(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--method", required=True, choices=METHODS)
@@ -227,7 +239,12 @@ def main(argv=None) -> None:
     parser.add_argument("--folds", type=int, default=5, help="subencoder: cross-validation folds over clusters")
     parser.add_argument("--epochs", type=int, default=5, help="subencoder: training epochs per fold")
     parser.add_argument("--max-train-pairs", type=int, default=None, help="subencoder: smoke tests only")
+    parser.add_argument("--pool-factor", type=_factor, default=1,
+                        help="colbert-zeroshot-psg: pool the candidates' token vectors as an index with "
+                             "--pool-factor stores them (agrame.pooling; default 1: none)")
     args = parser.parse_args(argv)
+    if args.pool_factor != 1 and args.method != "colbert-zeroshot-psg":
+        parser.error("--pool-factor goes with --method colbert-zeroshot-psg")
 
     data = load_atomic()
     queries = sample(data.queries, args.limit, args.seed)
@@ -240,10 +257,11 @@ def main(argv=None) -> None:
         scores = score_single_vector(data, queries, args.baseline_model)
         info["model"] = f"{args.baseline_model or 'all-MiniLM-L6-v2'} mean pooling, proposition text alone"
     elif args.method == "colbert-zeroshot-psg":
-        scores = score_colbert_psg(data, queries, args.model, args.alpha, args.span_query_marker)
+        scores = score_colbert_psg(data, queries, args.model, args.alpha, args.span_query_marker, args.pool_factor)
         encoder = load_encoder(args.model)
         info.update(model=encoder.source, fingerprint=encoder.fingerprint()[:12], alpha=args.alpha,
-                    span_query_marker=args.span_query_marker or encoder.settings.span_query_marker)
+                    span_query_marker=args.span_query_marker or encoder.settings.span_query_marker,
+                    pool_factor=args.pool_factor)
     elif args.method == "colbert-zeroshot-sent":
         scores = score_colbert_sent(data, queries, args.model)
         info["model"] = load_encoder(args.model).source
