@@ -66,9 +66,21 @@ class EncoderSettings:
     #: "passage:", which it was trained with); its tokens are scored like a marker's.
     query_prefix: str = ""
     passage_prefix: str = ""
+    #: The pool factor an index built with this model uses unless told otherwise (:mod:`agrame.pooling`;
+    #: 1: one vector per token). Not a document-side setting: the vectors are the model's either way.
+    pool_factor: float = 1
+    #: Search budgets chosen for this model on its own train questions (``nprobe``, ``ncandidates``,
+    #: ``per_hit``; ``python -m benchmarks.index_search choose``): an index built with it records them.
+    #: None: the package's (:class:`agrame.index.SearchSettings`).
+    search: Optional[Dict[str, int]] = None
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        # written only when set: a model (and an index's record of it) from before them reads the same
+        for name, unset in (("pool_factor", 1), ("search", None)):
+            if data[name] == unset:
+                del data[name]
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> "EncoderSettings":
@@ -81,6 +93,16 @@ class EncoderSettings:
         return settings
 
     def validate(self) -> None:
+        from .pooling import check_pool_factor
+
+        try:
+            self.pool_factor = check_pool_factor(self.pool_factor)
+        except ValueError as exc:
+            raise ModelError(f"pool_factor: {exc}") from None
+        if self.search is not None and (
+                not isinstance(self.search, dict) or set(self.search) - {"nprobe", "ncandidates", "per_hit"}
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in self.search.values())):
+            raise ModelError("search must map nprobe, ncandidates and per_hit to positive integers")
         if self.query_maxlen < 4:
             raise ModelError("query_maxlen must be at least 4")
         if self.doc_maxlen < 8:

@@ -172,8 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="bits per dimension of each token's residual (default: 2, ~40 bytes per 128-d token)")
     index.add_argument("--pool-factor", type=_pool_factor, default=None, metavar="F",
                        help="keep about one vector per F tokens: adjacent tokens of a sentence pooled by Ward "
-                            "clustering, so every sentence and span stays searchable (default: 1, one per token; "
-                            "with --add/--upsert: the index's own, and another is refused)")
+                            "clustering, so every sentence and span stays searchable (default: the model's own, 1 for most: "
+                            "one vector per token; with --add/--upsert: the index's own, and another is refused)")
     index.add_argument("--format", dest="index_format", type=int, choices=(1, 2), default=2,
                        help="2: compressed (default); 1: float16 vectors, exhaustive search only")
     index.add_argument("--add", action="store_true",
@@ -509,7 +509,7 @@ def _cmd_index(args) -> int:
         raise UsageError("--shards and --ray build compressed indexes (--format 2)")
     if args.index_format == 1 and args.pool_factor not in (None, 1):
         raise UsageError("--pool-factor needs a compressed index (--format 2)")
-    pool = 1 if args.pool_factor is None else args.pool_factor
+    pool = args.pool_factor  # None: the model's own (a fresh build), the index's (--add/--upsert)
     if (args.workers or args.resume) and not args.ray:
         raise UsageError("--workers and --resume go with --ray")
     ray_session = None

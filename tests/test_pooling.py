@@ -295,3 +295,21 @@ def test_a_pooling_student_step_keeps_every_tensor_on_the_encoders_device(make_t
         value.backward()
         optimizer.step()
     assert value.device.type == "meta" and value.shape == ()
+
+
+def test_a_model_carries_its_pool_factor_and_search_budgets_into_the_indexes_built_with_it(tmp_path, long_encoder):
+    from agrame.encoder import EncoderSettings, ModelError
+
+    assert "pool_factor" not in long_encoder.settings.to_json() and "search" not in long_encoder.settings.to_json()
+    shipped = long_encoder.with_settings(pool_factor=2, search={"nprobe": 4, "ncandidates": 256, "per_hit": 3})
+    assert shipped.fingerprint() == long_encoder.fingerprint()  # the vectors are the model's either way
+    passages = [Passage("a", "Coral reefs bleach in warm water. Fish leave."), Passage("b", "Sand covers it.")]
+    build_index(shipped, passages, tmp_path / "own", progress=False)
+    manifest = read_manifest(tmp_path / "own")
+    assert manifest["pool_factor"] == 2 and manifest["search"] == {"nprobe": 4, "ncandidates": 256, "per_hit": 3}
+    assert tuple(Index(tmp_path / "own", model=shipped).defaults) == (4, 256, 3)
+    build_index(shipped, passages, tmp_path / "told", pool_factor=1, progress=False)
+    assert "pool_factor" not in read_manifest(tmp_path / "told")
+    for bad in ({"pool_factor": 0}, {"search": {"nprobe": 0}}, {"search": {"depth": 3}}):
+        with pytest.raises(ModelError):
+            EncoderSettings.from_json({**long_encoder.settings.to_json(), **bad})

@@ -30,14 +30,13 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from ..corpus import Passage
-from ..pooling import check_pool_factor
 from .codec import ResidualCodec
 from .format import IndexFolderError, model_block
 from .lock import build_lock
 from .base import BaseIndex, PassageCount
 from .sharded import (SearchResults, ShardedWrites, ShardUnavailableError, commit_new, merge_hits, route, shard_of,
                       write_sharded)
-from .store import CompressedBlock, compress_block, train_codec, write_blocks
+from .store import CompressedBlock, compress_block, default_pool_factor, train_codec, write_blocks
 from .writer import check_passages
 
 #: Passages per block: the unit of work of an actor, of a retry and of a resume (an unsharded
@@ -247,7 +246,7 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
                    store_offsets: bool = False, lock_timeout: float = 0.0, progress: bool = True,
                    say: Optional[Callable[[str], None]] = None, crash_once: Optional[str] = None,
                    on_block: Optional[Callable[[str], None]] = None, resource_wait: float = 30.0,
-                   pool_factor=1) -> Path:
+                   pool_factor=None) -> Path:
     """Encode ``passages`` on a Ray cluster into an index at ``path`` (``shards`` > 1: a sharded one).
 
     ``model``: what :func:`agrame.encoder.load_encoder` takes (a folder or shipped name; every actor
@@ -262,7 +261,6 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
     ``pool_factor``: :mod:`agrame.pooling` (the actors pool each block before compressing it).
     Returns ``path``; the stats of the run are in ``build_with_ray.last_stats``.
     """
-    pool_factor = check_pool_factor(pool_factor)
     ray = connect(address)
     say = say or (lambda message: None)
     path = Path(path)
@@ -284,6 +282,7 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
         # before anything is written: a busy cluster is refused
         actors, gpus, cpus = default_workers(ray, workers, resource_wait)
         encoder = _encoder(model)
+        pool_factor = default_pool_factor(encoder, pool_factor)
         model_info = model_block(encoder)
         work = WorkFolder(path)
         fingerprint = _fingerprint(passages, num_shards, block_passages, nbits, model_info,

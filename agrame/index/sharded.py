@@ -34,7 +34,6 @@ import numpy as np
 from .. import __version__, scoring
 from ..corpus import Passage
 from ..encoder import Encoder
-from ..pooling import check_pool_factor
 from ..ranker import ScoredSpan, hit_order
 from .base import BaseIndex
 from .codec import ResidualCodec
@@ -42,7 +41,7 @@ from .format import (FORMAT_SHARDED, MAX_SHARDS, SHARDS_FILE, IndexDamagedError,
                      manifest_checksum, model_block, read_manifest, read_shards, write_manifest)
 from .lock import WriterLock
 from .metadata import parse_filter
-from .store import CompressedBlock, compress_block, train_codec, write_blocks
+from .store import CompressedBlock, compress_block, default_pool_factor, train_codec, write_blocks
 from .writer import DEFAULT_COMPACT_THRESHOLD, IndexWriter, UnknownIdsError, build_new_folder, check_passages
 
 JOURNAL = "journal.json"
@@ -145,10 +144,10 @@ def commit_new(path: Path, overwrite: bool, write: Callable[[Path], None], lock_
 def build_sharded(encoder: Encoder, passages: Sequence[Passage], path: Union[str, Path], num_shards: int, *,
                   nbits: int = 2, batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
                   progress: bool = True, codec: Optional[ResidualCodec] = None, seed: int = 0,
-                  store_offsets: bool = False, lock_timeout: float = 0.0, pool_factor=1) -> Path:
+                  store_offsets: bool = False, lock_timeout: float = 0.0, pool_factor=None) -> Path:
     """Index ``passages`` into ``num_shards`` shards with one codec, atomically (one rename);
     ``pool_factor``: :mod:`agrame.pooling`, the same in every shard."""
-    pool_factor = check_pool_factor(pool_factor)
+    pool_factor = default_pool_factor(encoder, pool_factor)
     path = Path(path)
     if not isinstance(num_shards, int) or not 1 <= num_shards <= MAX_SHARDS:
         raise ValueError(f"the number of shards must be between 1 and {MAX_SHARDS}")

@@ -68,6 +68,13 @@ def append_files(store_offsets: bool, pooled: bool = False) -> Tuple[str, ...]:
         ((POOL_FILE,) if pooled else ())
 
 
+def default_pool_factor(encoder, given=None):
+    """``given`` if not None, else the pool factor the model is shipped for (its settings'), else 1."""
+    if given is not None:
+        return check_pool_factor(given)
+    return check_pool_factor(getattr(getattr(encoder, "settings", None), "pool_factor", 1))
+
+
 def pool_factor(manifest: dict):
     """The pool factor an index was built with (1: one vector per token; every index written before
     pooling)."""
@@ -377,10 +384,11 @@ def write_store(folder: Path, encoder: Encoder, passages: Sequence[Passage], *, 
                 batch_size: int = 16, chunk_passages: int = 1024, progress: bool = True,
                 sentences: Optional[Sequence] = None, codec: Optional[ResidualCodec] = None,
                 encoded: Optional[EncodedCorpus] = None, seed: int = 0, store_offsets: bool = False,
-                generation: int = 1, pool_factor=1) -> dict:
+                generation: int = 1, pool_factor=None) -> dict:
     """Write every store file of ``passages`` into ``folder`` (metadata included); the manifest that
-    would commit them (not written: the caller commits). ``pool_factor``: :mod:`agrame.pooling`."""
-    pool_factor = check_pool_factor(pool_factor)
+    would commit them (not written: the caller commits). ``pool_factor``: :mod:`agrame.pooling` (None:
+    the model's own, :func:`default_pool_factor`)."""
+    pool_factor = default_pool_factor(encoder, pool_factor)
     bar = None
     try:
         source = (None if encoded is None else
@@ -454,6 +462,8 @@ def write_blocks(folder: Path, model: dict, codec: ResidualCodec, codec_info: di
         "token_offsets": "stored" if store_offsets else "tokenizer", "files": files,
         "metadata": METADATA_FILE, DIGEST_FIELD: digest,
         **({"pool_factor": pool_factor, "num_original_tokens": writer.original_tokens} if pool_factor != 1 else {}),
+        # the budgets chosen for this model (its settings'), else the package's at search time
+        **({"search": dict(model["settings"]["search"])} if model.get("settings", {}).get("search") else {}),
     }
 
 

@@ -45,7 +45,8 @@ from .ivf import _ranges, build_ivf, merge_ivf, unique_pairs
 from .lock import LOCK_FILE, WriterLock, build_lock, pid_alive
 from .metadata import DIGEST_FIELD, METADATA_FILE, MetadataDB, add_digests, validate_metadata
 from .store import (APPEND_FILES, POOL_FILE, SENTENCE_TOKENS_FILE, TOKENS_FILE, Store, _Appender, _ChunkWriter,
-                    _codec_files, _encode_chunks, _ivf_files, _write_fixed, append_files, offsets_stored, pool_factor,
+                    _codec_files, _encode_chunks, _ivf_files, _write_fixed, append_files, default_pool_factor,
+                    offsets_stored, pool_factor,
                     write_store)
 
 log = logging.getLogger("agrame.index")
@@ -777,7 +778,7 @@ def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | 
                      progress: bool = True, sentences: Optional[Sequence] = None,
                      codec: Optional[ResidualCodec] = None, encoded: Optional[EncodedCorpus] = None,
                      seed: int = 0, store_offsets: bool = False, lock_timeout: float = 0.0,
-                     pool_factor=1) -> Path:
+                     pool_factor=None) -> Path:
     """Write an ``agrame-index/2`` folder, streaming: encode a chunk, (pool it,) compress it, append it.
 
     ``codec`` reuses given centroids and buckets (e.g. another index's); ``encoded`` takes
@@ -787,7 +788,8 @@ def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | 
     Token offsets are recomputed by searches from the text (``encoder.passage_offsets``; those of
     ``encoded`` vectors are checked against it at build time) unless ``store_offsets``.
     ``pool_factor`` > 1 stores about 1/factor of the token vectors, pooled within sentences
-    (:mod:`agrame.pooling`); sentence and span search work on it as on any index.
+    (:mod:`agrame.pooling`); sentence and span search work on it as on any index. None: the factor the
+    model is shipped for (its settings' ``pool_factor``).
 
     A new folder is written under a temporary name beside ``path`` and renamed into place; with
     ``overwrite``, an existing *index* is replaced in place, under its writer lock, as a new
@@ -802,7 +804,7 @@ def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | 
         raise ValueError(f"sentences: {len(sentences)} lists for {len(passages)} passages")
     options = dict(nbits=nbits, batch_size=batch_size, chunk_passages=chunk_passages, progress=progress,
                    sentences=sentences, codec=codec, encoded=encoded, seed=seed, store_offsets=store_offsets,
-                   pool_factor=check_pool_factor(pool_factor))
+                   pool_factor=default_pool_factor(encoder, pool_factor))
     if build_new_folder(path, overwrite, lambda folder: write_store(folder, encoder, passages, **options)):
         return path
     with IndexWriter(path, lock_timeout=lock_timeout) as writer:
