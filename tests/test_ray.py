@@ -75,6 +75,21 @@ def test_distributed_sharded_build_equals_local_sharded_build(ray_cluster, tmp_p
         b.search("tower in Paris", "passage", top_k=5, exact=True)
 
 
+def test_a_pooled_ray_build_equals_the_local_pooled_build(ray_cluster, tmp_path, tiny_encoder, tiny_model_dir, codec):
+    # the actors pool each block before compressing it, as the local build does (agrame.pooling)
+    passages = _corpus()
+    build_sharded(tiny_encoder, passages, tmp_path / "local", 2, codec=codec, chunk_passages=4, progress=False,
+                  pool_factor=2)
+    build_with_ray(tiny_model_dir, passages, tmp_path / "ray", shards=2, codec=codec, block_passages=4,
+                   progress=False, pool_factor=2)
+    for s in range(2):
+        local, ray = tmp_path / "local" / f"shard-{s:03d}", tmp_path / "ray" / f"shard-{s:03d}"
+        _same_store(local, ray)
+        assert (local / "pool.bin").read_bytes() == (ray / "pool.bin").read_bytes()
+        manifest = read_manifest(ray)
+        assert manifest["pool_factor"] == 2 and manifest["num_tokens"] < manifest["num_original_tokens"]
+
+
 def test_a_killed_worker_has_its_block_retried(ray_cluster, tmp_path, tiny_encoder, tiny_model_dir, codec):
     passages = _corpus()
     marker = tmp_path / "crashed"
