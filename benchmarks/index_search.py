@@ -330,6 +330,40 @@ def _overlap(a: Sequence[int], b: Sequence[int]) -> float:
     return len(set(a) & set(b)) / max(1, len(b))
 
 
+def float16_rankings(vectors: PoolVectors, questions, encoded, alpha: float, limit: int, seed: int) -> dict:
+    """The float16 exhaustive scan's rankings of SQuAD train ``questions`` (cached per model, sample and seed)."""
+    encoder = vectors.encoder
+    ref_file = cache_root() / f"choose-exact-{encoder.fingerprint()[:12]}-{limit}-{seed}.json"
+    if not ref_file.exists():
+        corpus = vectors.corpus(float32=True)
+        ranked = {}
+        for k in tqdm(range(len(questions)), desc="float16 scan", disable=None):
+            p, s = exact_rankings(*encoded[k], corpus, alpha)
+            ranked[questions[k].qid] = {"passages": p, "sentences": s}
+        ref_file.write_text(json.dumps(ranked))
+        vectors._corpus = None  # 6 GB at d = 384
+    return json.loads(ref_file.read_text())
+
+
+def store_with_model(model: Optional[str], field: str, value) -> Path:
+    """Write a choice into a shipped model's settings (``agrame/models/NAME/agrame.json``): what an index
+    built with it records (:class:`agrame.encoder.EncoderSettings` ``pool_factor`` / ``search``). The
+    value's default removes the field. Only shipped models (by name, the default included)."""
+    from agrame.encoder import DEFAULT_MODEL, EncoderSettings, named_models
+
+    name = model or DEFAULT_MODEL
+    folders = named_models()
+    if name not in folders:
+        raise SystemExit(f"error: --store needs a shipped model (one of {sorted(folders)}), not {name!r}")
+    path = folders[name] / "agrame.json"
+    data = json.loads(path.read_text())
+    data[field] = value
+    settings = EncoderSettings.from_json({k: v for k, v in data.items() if k != "format"})  # checked
+    out = {"format": data["format"], **settings.to_json()} if "format" in data else settings.to_json()
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    return path
+
+
 def cmd_choose(args) -> None:
     """nprobe / ncandidates / per_hit on SQuAD *train* questions (never a reported split).
 
@@ -342,9 +376,10 @@ def cmd_choose(args) -> None:
     vectors = PoolVectors(args.model)
     encoder = vectors.encoder
     alpha = encoder.settings.alpha
-    questions = _train_questions(vectors.pool, 300, args.seed)[:args.limit]
-    encoded = encode_queries(encoder, [q.text for q in questions])
-    float16 = json.loads((cache_root() / f"choose-exact-{encoder.fingerprint()[:12]}-300-{args.seed}.json").read_text())
+    every = _train_questions(vectors.pool, 300, args.seed)
+    encoded = encode_queries(encoder, [q.text for q in every])
+    float16 = float16_rankings(vectors, every, encoded, alpha, 300, args.seed)  # the frontier's reference too
+    questions, encoded = every[:args.limit], encoded[:args.limit]
     path, _ = build(vectors, args.nbits, pool_factor=args.pool_factor)
     index = Index(path, model=encoder)
     ref_file = cache_root() / f"choose-compressed-{path.name}-{args.limit}-{args.seed}.json"
@@ -411,6 +446,8 @@ def cmd_choose(args) -> None:
     out = write_result(_tagged(f"index_search-choose-{args.nbits}b", args), result, None,
                        command_line("benchmarks.index_search", ["choose", *args.argv]))
     print(f"chosen: {chosen} → {out}")
+    if args.store and chosen:
+        print(f"stored with the model: {store_with_model(args.model, 'search', chosen)}")
 
 
 def cmd_latency(args) -> None:
@@ -487,16 +524,7 @@ def cmd_frontier(args) -> None:
             return summarize(per)
 
         # The float16 scan's rankings, kept where `choose` reads its float16 reference (the same questions).
-        ref_file = cache_root() / f"choose-exact-{encoder.fingerprint()[:12]}-{args.limit}-{args.seed}.json"
-        if not ref_file.exists():
-            corpus = vectors.corpus(float32=True)
-            ranked = {}
-            for k in tqdm(range(len(questions)), desc=f"{model} float16 scan", disable=None):
-                p, s = exact_rankings(*encoded[k], corpus, alpha)
-                ranked[questions[k].qid] = {"passages": p, "sentences": s}
-            ref_file.write_text(json.dumps(ranked))
-            vectors._corpus = None  # 6 GB at d = 384
-        ranked16 = json.loads(ref_file.read_text())
+        ranked16 = float16_rankings(vectors, questions, encoded, alpha, args.limit, args.seed)
         float16 = metrics(lambda k: (ranked16[questions[k].qid]["passages"], ranked16[questions[k].qid]["sentences"]))
         dim = encoder.settings.dim or encoder.backbone.config.hidden_size
         rows.append({"model": model, "source": encoder.source, "fingerprint": encoder.fingerprint()[:12], "dim": dim,
@@ -581,8 +609,11 @@ def cmd_pooling(args) -> None:
                   "rows": rows,
                   "chosen": None if chosen is None else {k: chosen[k] for k in ("pool_factor", "nbits",
                                                                                  "bytes_per_original_token")}}
-        return write_result(_tagged("index_search-pooling", args), result, None,
-                            command_line("benchmarks.index_search", ["pooling", *args.argv]))
+        out = write_result(_tagged("index_search-pooling", args), result, None,
+                           command_line("benchmarks.index_search", ["pooling", *args.argv]))
+        if args.store and chosen is not None and len(rows) == len(args.nbits) * len(args.factors):
+            print(f"stored with the model: {store_with_model(args.model, 'pool_factor', chosen['pool_factor'])}")
+        return out
 
     for nbits in args.nbits:
         for factor in args.factors:
@@ -1047,6 +1078,8 @@ def main(argv=None) -> None:
     c = sub.add_parser("choose", help="choose nprobe/ncandidates on SQuAD train questions")
     c.add_argument("--nbits", type=int, default=2)
     c.add_argument("--limit", type=int, default=100)
+    c.add_argument("--store", action="store_true",
+                   help="write the choice into the shipped model's settings (agrame/models/NAME/agrame.json)")
     la = sub.add_parser("latency", help="median/p95 ms per sentence query")
     la.add_argument("--nbits", type=int, default=2)
     la.add_argument("--limit", type=int, default=300)
@@ -1089,6 +1122,8 @@ def main(argv=None) -> None:
     po.add_argument("--nbits", type=int, nargs="+", default=list(POOL_NBITS))
     po.add_argument("--limit", type=int, default=1000)
     po.add_argument("--threads", type=int, default=1)
+    po.add_argument("--store", action="store_true",
+                    help="write the chosen factor into the shipped model's settings (agrame/models/NAME/agrame.json)")
     pl = sub.add_parser("pool-latency", help="search-only ms of the pool's index at several pool factors, one run")
     pl.add_argument("--factors", type=_factor, nargs="+", default=[1, 2])
     pl.add_argument("--nbits", type=int, default=2)

@@ -376,6 +376,72 @@ def frontier_chart(grouped: Dict[str, List[dict]], path: Path) -> bool:
     return _save_figure(fig, path)
 
 
+def pooling_chart(grouped: Dict[str, List[dict]], path: Path) -> bool:
+    """Token pooling's frontier (issue 53): passage and sentence P@1 on SQuAD train against bytes per
+    original token, one line per residual width through pool factors 1–4; False without a result."""
+    runs = [r for r in grouped.get("index_search", []) if r.get("what") == "token pooling frontier"]
+    if not runs:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = runs[-1]["rows"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=120, sharex=True)
+    for ax, metric, label in zip(axes, ("psg_p1", "sent_p1"), ("passage P@1 (%)", "sentence P@1 (%)")):
+        for nbits in sorted({r["nbits"] for r in rows}):
+            mine = sorted((r for r in rows if r["nbits"] == nbits), key=lambda r: r["bytes_per_original_token"])
+            ax.plot([r["bytes_per_original_token"] for r in mine], [r["metrics"][metric] for r in mine], "o-",
+                    label=f"{nbits}-bit residuals, pool factor 1–4")
+            for r in mine:
+                ax.annotate(f"×{r['pool_factor']:g}", (r["bytes_per_original_token"], r["metrics"][metric]), fontsize=7,
+                            textcoords="offset points", xytext=(3, 3))
+        ax.set_xlabel("bytes per original token")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"token pooling, {runs[-1]['model']} (SQuAD train)", fontsize=9)
+    return _save_figure(fig, path)
+
+
+def _pooling_sections(results: List[dict]) -> List[str]:
+    """Token pooling (issue 53): the frontier and its rule, the reported splits' rows, latency, methods."""
+    out: List[str] = []
+    for r in (r for r in results if r.get("what") == "token pooling frontier"):
+        out += ["### Token pooling: fewer vectors, every sentence kept (issue 53)", "",
+                f"`agrame index --pool-factor F` (`agrame.pooling`): Ward merges of adjacent tokens of one sentence "
+                f"until a passage keeps max(sentences, ⌈n / F⌉) vectors of sentence tokens ([CLS], [D], [SEP] kept). "
+                f"Model {r['model']} ({r['fingerprint']}), {r['data']}; staged search at each index's defaults, "
+                f"{r['threads']} thread(s). Bytes per *original* token, text excluded. Rule (written before the rows): "
+                f"{r['rule']}.", "",
+                "![passage and sentence P@1 against bytes per original token](pooling.png)", "",
+                "| pool factor | residual bits | vectors / token | bytes / original token | build s (cached vectors) "
+                "| psg P@1 | psg R@100 | sent P@1 | loss psg / sent P@1 |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for row in sorted(r["rows"], key=lambda x: (x["nbits"], x["pool_factor"])):
+            m, loss = row["metrics"], row.get("loss_vs_factor_1")
+            out.append(f"| {row['pool_factor']:g} | {row['nbits']} | {row['vectors_per_original_token']} | "
+                       f"{row['bytes_per_original_token']} | {row['build_seconds_from_cached_vectors']} | {m['psg_p1']} | "
+                       f"{m['psg_r100']} | {m['sent_p1']} | "
+                       + (f"{loss['psg_p1']} / {loss['sent_p1']}" if loss else "–") + " |")
+        chosen = r["chosen"]
+        out += ["", "Chosen: " + (f"**pool factor {chosen['pool_factor']:g}** ({chosen['bytes_per_original_token']} "
+                                  "B/original token)" if chosen else "none meets the rule"), "", _commands([r]), ""]
+    for r in (r for r in results if r.get("what") == "token pooling latency"):
+        cases = list(next(iter(r["ms_search_only"].values())))
+        ratio_key = next(k for k in r if k.startswith("ratio_to_factor_"))
+        out += ["### Token pooling: search latency (one run)", "",
+                f"{r['model']} ({r['fingerprint']}), {r['nbits']}-bit residuals, {r['threads']} threads, {r['queries']}; "
+                "search only, the index's defaults, passes A B … B A.", "",
+                "| pool factor | " + " | ".join(f"{c} median / p95 ms" for c in cases) + " | × factor 1 (medians) |",
+                "|---:|" + "---:|" * (len(cases) + 1)]
+        for f, ms in r["ms_search_only"].items():
+            out.append(f"| {f} | " + " | ".join(f"{ms[c]['median']} / {ms[c]['p95']}" for c in cases) + " | "
+                       + " / ".join(str(r[ratio_key][f][c]) for c in cases) + " |")
+        out += ["", _commands([r]), ""]
+    return out
+
+
 # The trained-model comparison (issue 4): which results, under which name, in which order.
 TRAINED_ROWS = [  # (method, tag or None for any, row name)
     ("bm25", None, "BM25"),
@@ -984,6 +1050,7 @@ def render_index_search(results: List[dict], open_domain: List[dict] | None = No
                        f"{g['top100_overlap_vs_float16']} | {g['median_ms_sentence_top10']} | "
                        f"{g['median_ms_passage_top100']} |")
         out += ["", _commands([r]), ""]
+    out += _pooling_sections(results)
     plaid = [r for r in results if r.get("what") == "plaid"]
     for r in plaid:
         out += ["### colbert-ai PLAID side by side", "", r["summary"], "", _commands([r]), ""]
@@ -1312,6 +1379,22 @@ def render_export_parity(results: List[dict]) -> str:
     return "\n".join(out)
 
 
+def render_pool_methods(results: List[dict]) -> str:
+    out = ["## Which token clustering to pool with (issue 53, SQuAD train)", "",
+           "Ward agglomeration under three connectivities at one budget (max(sentences, ⌈n / F⌉) vectors of "
+           "sentence tokens a passage): `adjacent` (neighbouring runs of one sentence: what `agrame.pooling` "
+           "ships, a vector is one run of characters), `sentence` (any tokens of one sentence), `passage` (any "
+           "tokens of the passage, Clavié et al. 2024; a cluster counts in every sentence it touches). Exact "
+           "float scores re-rank each question's gold passage and the unpooled index's next passages, so the "
+           "differences are the clustering's alone.", "",
+           "| pool factor | connectivity | vectors / token | psg P@1 | sent P@1 |", "|---:|---|---:|---:|---:|"]
+    for r in sorted(results, key=lambda r: r["factor"]):
+        for method, row in r["rows"].items():
+            out.append(f"| {r['factor']:g} | {method} | {row['vectors_per_token']} | {row['psg_p1']} | {row['sent_p1']} |")
+    out += ["", f"{results[-1]['data']}.", "", _commands(results)]
+    return "\n".join(out)
+
+
 def render_batch_search(results: List[dict]) -> str:
     out = ["## Batch search throughput (issue 31)", "",
            "| granularity | queries | batch: one process (s, queries/s) | one process per query (median s, queries/s) "
@@ -1379,6 +1462,7 @@ RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     "e5": render_e5,
     "export_parity": render_export_parity,
     "batch_search": render_batch_search,
+    "pool_methods": render_pool_methods,
 }
 
 
@@ -1395,6 +1479,7 @@ def build(results_dir: Path = RESULTS, chart: Path | None = None) -> str:
         sections.append(f"![sentence-level P@1 per method and dataset]({chart.name})")
     if chart is not None:
         frontier_chart(grouped, chart.with_name("frontier.png"))
+        pooling_chart(grouped, chart.with_name("pooling.png"))
     for render_special in (render_default_choice, render_scaled, render_e5_models, render_trained):
         text = render_special(grouped)
         if text:
