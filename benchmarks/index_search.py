@@ -848,21 +848,23 @@ def cmd_build_time(args) -> None:
         encoded = encoder.encode_passages(texts)
         seconds = time.perf_counter() - start
         tokens = sum(e.vectors.shape[0] for e in encoded)
-        rows.append({"model": model, "source": encoder.source, "dim": encoder.dim,
-                     "sample_encode_seconds": round(seconds, 1), "sample_tokens": tokens,
-                     "encode_seconds_pool_estimate": round(seconds * len(pool) / len(texts), 1)})
+        for factor in args.pool_factors:  # the encoding is the same whatever the index pools
+            rows.append({"model": model, "source": encoder.source, "dim": encoder.dim, "pool_factor": factor,
+                         "sample_encode_seconds": round(seconds, 1), "sample_tokens": tokens,
+                         "encode_seconds_pool_estimate": round(seconds * len(pool) / len(texts), 1)})
         del encoder, encoded
-    for row in rows:
-        vectors = PoolVectors(row["model"], pool)
+    for model in args.models:
+        vectors = PoolVectors(model, pool)
         corpus = vectors.corpus()
         passages = [Passage(str(i), t) for i, t in enumerate(pool.texts)]
-        with tempfile.TemporaryDirectory(dir=cache_root(), prefix=".build-time-") as tmp:
-            start = time.perf_counter()
-            build_compressed(vectors.encoder, passages, Path(tmp) / "index", nbits=args.nbits,
-                             sentences=vectors.spans, encoded=corpus, progress=False)
-            row["compress_seconds"] = round(time.perf_counter() - start, 1)
-        row["pool_tokens"] = corpus.num_tokens
-        row["build_seconds_estimate"] = round(row["encode_seconds_pool_estimate"] + row["compress_seconds"], 1)
+        for row in (r for r in rows if r["model"] == model):
+            with tempfile.TemporaryDirectory(dir=cache_root(), prefix=".build-time-") as tmp:
+                start = time.perf_counter()
+                build_compressed(vectors.encoder, passages, Path(tmp) / "index", nbits=args.nbits,
+                                 sentences=vectors.spans, encoded=corpus, progress=False, pool_factor=row["pool_factor"])
+                row["compress_seconds"] = round(time.perf_counter() - start, 1)
+            row["pool_tokens"] = corpus.num_tokens
+            row["build_seconds_estimate"] = round(row["encode_seconds_pool_estimate"] + row["compress_seconds"], 1)
         del vectors, corpus
         gc.collect()
     base = rows[0]["build_seconds_estimate"]
@@ -875,9 +877,12 @@ def cmd_build_time(args) -> None:
                           "pool from cached vectors; every model in this one run",
               "models": rows}
     name = "index_search-build-time-" + "-vs-".join(re.sub(r"[^A-Za-z0-9.]+", "_", Path(m).name) for m in args.models)
+    if args.pool_factors != [1]:
+        name += "-pool-" + "-".join(f"{f:g}" for f in args.pool_factors)
     out = write_result(name, result, args.out, command_line("benchmarks.index_search", ["build-time", *args.argv]))
     for row in rows:
-        print(f"{row['model']}: encode ≈ {row['encode_seconds_pool_estimate']} s + compress {row['compress_seconds']} s"
+        print(f"{row['model']} (pool factor {row['pool_factor']:g}): encode ≈ {row['encode_seconds_pool_estimate']} s + "
+              f"compress {row['compress_seconds']} s"
               f" = {row['build_seconds_estimate']} s (×{row['ratio_to_first']})")
     print(f"→ {out}")
 
@@ -1142,6 +1147,8 @@ def main(argv=None) -> None:
     bt.add_argument("--seed", type=int, default=0)
     bt.add_argument("--out", default=None, help="result file (default: benchmarks/results/…)")
     bt.add_argument("--pool-limit", type=int, default=None, help="smoke tests only: this many pool passages")
+    bt.add_argument("--pool-factors", type=_factor, nargs="+", default=[1],
+                    help="token pooling of each model's index (agrame.pooling): one row per model and factor")
     args = parser.parse_args(argv)
     args.argv = list(argv[1:] if argv is not None else os.sys.argv[2:])  # the arguments after the subcommand
     {"build": cmd_build, "run": cmd_run, "choose": cmd_choose, "latency": cmd_latency,

@@ -1009,7 +1009,8 @@ def render_index_search(results: List[dict], open_domain: List[dict] | None = No
                 "| model | dim | pool tokens | encode s (estimate) | compress s | build s (estimate) | × first row |",
                 "|---|---:|---:|---:|---:|---:|---:|"]
         for m in r["models"]:
-            out.append(f"| {m['model']} | {m['dim']} | {m['pool_tokens']:,} | {m['encode_seconds_pool_estimate']} | "
+            pooled = f" (pool factor {m['pool_factor']:g})" if "pool_factor" in m else ""  # (rows since issue 53)
+            out.append(f"| {m['model']}{pooled} | {m['dim']} | {m['pool_tokens']:,} | {m['encode_seconds_pool_estimate']} | "
                        f"{m['compress_seconds']} | {m['build_seconds_estimate']} | {m['ratio_to_first']} |")
         out += ["", _commands([r]), ""]
     scale = sorted((r for r in results if str(r.get("what", "")).startswith("scale")), key=lambda r: r["tokens"])
