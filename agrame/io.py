@@ -3,51 +3,18 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 from typing import IO, Iterator, List, Optional, Tuple
 
 from .corpus import Passage
+from .jsonbounds import MAX_JSON_DEPTH, json_depth, loads_json  # noqa: F401 (re-exported: readers' bound)
 from .spans import normalize_span
 
 FORMATS = ("auto", "jsonl", "tsv", "text", "parquet")
 #: Longest passage read (characters; ``--max-passage-chars``): a passage is encoded in overlapping
 #: windows, so its cost grows with its length (an 8 MB one ran past 90 s and 1.6 GB here).
 MAX_PASSAGE_CHARS = 200_000
-#: Deepest JSON nesting any reader accepts, checked before parsing (Python's parser recurses).
-MAX_JSON_DEPTH = 64
-
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # (unrolled: linear, fast on long strings)
-_JSON_BRACKET = re.compile(rb"[\[\]{}]")
-
-
-def json_depth(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> int:
-    """The nesting depth of a JSON text (strings skipped), counted only up to ``limit + 1``: linear,
-    without recursion, so it runs before a parser that would recurse on a hostile input."""
-    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
-    if b"[" not in data and b"{" not in data:
-        return 0
-    depth = deepest = 0
-    for match in _JSON_BRACKET.finditer(_JSON_STRING.sub(b"", data)):
-        if match.group() in b"[{":
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > limit:
-                    break
-        else:
-            depth -= 1
-    return deepest
-
-
-def loads_json(text: str | bytes, limit: int = MAX_JSON_DEPTH):
-    """``json.loads`` of a text nested at most ``limit`` deep (deeper: ``json.JSONDecodeError``)."""
-    if json_depth(text, limit) > limit:
-        raise json.JSONDecodeError(f"nested more than {limit} deep", text if isinstance(text, str) else "", 0)
-    return json.loads(text)
-
-
 class InputError(ValueError):
     """Bad user input; ``str()`` reads ``FILE:LINE: field 'F': problem``."""
 

@@ -674,12 +674,8 @@ def _cmd_evaluate(args) -> int:
 
 
 def _cmd_qrels(args) -> int:
-    try:
-        from benchmarks.common import sample
-        from benchmarks.data import load_pool, load_questions
-        from benchmarks.gold import qrels
-    except ImportError as exc:  # pragma: no cover - benchmarks ship with the package
-        raise UsageError(f"agrame qrels needs the benchmarks package: {exc}") from None
+    from agrame.datasets import load_pool, load_questions, sample
+    from agrame.gold import qrels
     from agrame.runs import atomic_text_file
 
     pool = _dataset_step(load_pool)
@@ -722,14 +718,13 @@ def _index_spans(args, pool):
 
 
 def _dataset_step(step, *args):
-    """A benchmark data loader's refusal (missing $AGRAME_DATA, …) as a usage error, not a traceback."""
+    """A data loader's missing file as a usage error naming it, not a traceback (a missing
+    $AGRAME_DATA or an unknown dataset is :class:`agrame.datasets.DataError`, a usage error already)."""
     try:
         return step(*args)
     except FileNotFoundError as exc:
         raise UsageError(f"{exc.filename}: not found — set AGRAME_DATA to the datasets' folder "
                          "(../shared/data/README.md)") from None
-    except SystemExit as exc:
-        raise UsageError(str(exc).removeprefix("error: ")) from None
 
 
 def _cmd_export(args) -> int:

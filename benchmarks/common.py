@@ -12,43 +12,19 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+from agrame.datasets import DataError, data_path, sample, sentence_of, squad_paragraphs  # noqa: F401 (re-exported)
+from agrame.datasets import data_dir as _data_dir
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 
 
-def data_path() -> Path:
-    """The read-only data bundle: ``$AGRAME_DATA``, by default ``../shared/data`` beside the repo."""
-    return Path(os.environ.get("AGRAME_DATA", REPO.parent / "shared" / "data"))
-
-
 def data_dir() -> Path:
-    """:func:`data_path`, or exit with a message naming the setting when it is missing."""
-    path = data_path()
-    if not path.is_dir():
-        sys.exit(f"error: data folder {path} not found (set AGRAME_DATA)")
-    return path
-
-
-def squad_paragraphs(split: str) -> List[dict]:
-    """SQuAD v1.1 paragraphs: ``{"article", "paragraph", "title", "context", "qas": [{"id", "question", "answer",
-    "answer_start"}]}`` (article and paragraph are 0-based positions in the official order)."""
-    name = {"train": "train-v1.1.json", "dev": "dev-v1.1.json"}[split]
-    data = json.loads((data_dir() / "squad" / name).read_text())
-    out = []
-    for a, article in enumerate(data["data"]):
-        for k, paragraph in enumerate(article["paragraphs"]):
-            qas = [{"id": qa["id"], "question": qa["question"], "answer": qa["answers"][0]["text"],
-                    "answer_start": qa["answers"][0]["answer_start"]} for qa in paragraph["qas"]]
-            out.append({"article": a, "paragraph": k, "title": article["title"], "context": paragraph["context"],
-                        "qas": qas})
-    return out
-
-
-def sample(items: Sequence, limit: Optional[int], seed: int) -> List:
-    items = list(items)
-    if limit is None or limit >= len(items):
-        return items
-    return random.Random(seed).sample(items, limit)
+    """:func:`agrame.datasets.data_dir`, or exit with its message (a benchmark's command line)."""
+    try:
+        return _data_dir()
+    except DataError as exc:
+        sys.exit(f"error: {exc}")
 
 
 def machine() -> dict:
@@ -114,14 +90,6 @@ def write_result(name: str, result: dict, out: Optional[str], command: str) -> P
     tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     tmp.replace(path)
     return path
-
-
-def sentence_of(spans: Sequence[Tuple[int, int]], char: int) -> int:
-    """Index of the sentence span holding character ``char`` (nearest following one if between)."""
-    for i, (s, e) in enumerate(spans):
-        if char < e:
-            return i
-    return len(spans) - 1
 
 
 def tiny_encoder(doc_maxlen: int = 24, query_maxlen: int = 8, dim: Optional[int] = 16, seed: int = 0):

@@ -1,4 +1,4 @@
-"""Metric definitions and answer matching: each defined once, here.
+"""Metric definitions, each defined once, here (answer matching: :mod:`agrame.datasets`).
 
 Ranked lists are judged as lists of booleans (is the item at rank r relevant?), so the
 same functions serve passages, sentences and propositions, and ties are whatever order
@@ -7,27 +7,9 @@ the ranker produced (the Ranker breaks ties by corpus order, deterministically).
 
 from __future__ import annotations
 
-import re
-import string
-import unicodedata
 from typing import Dict, Iterable, List, Sequence
 
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = set(string.punctuation)
-
-
-def normalize_answer(text: str) -> str:
-    """SQuAD/DPR normalisation: NFKC, lower case, no punctuation, no articles, single spaces."""
-    text = unicodedata.normalize("NFKC", text).lower()
-    text = "".join(ch for ch in text if ch not in _PUNCT)
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
-
-
-def has_answer(text: str, answers: Iterable[str]) -> bool:
-    """Whether ``text`` contains a normalised answer as a whole-word sequence."""
-    haystack = f" {normalize_answer(text)} "
-    return any(f" {a} " in haystack for a in (normalize_answer(x) for x in answers) if a)
+from agrame.datasets import has_answer, normalize_answer  # noqa: F401 (answer matching: defined in the product)
 
 
 def precision_at_1(relevant: Sequence[bool]) -> float:

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from .common import add_model_args, command_line, sample, tagged, write_result
 from .data import OPEN_DOMAIN_DATASETS, PoolMatcher, Question, load_pool, load_questions, restrict_pool
 from .encodings import pool_sentences
-from .gold import gold_sentences
+from agrame.gold import gold_sentences
 from .metrics import has_answer, per_question as per_question_block, precision_at_1, recall_at_k, summarize
 from .rerank import METHODS, Harness
 

@@ -1,13 +1,19 @@
 """The index package is layered one way (issue 41): on-disk format and checksums → codec, inverted file,
 metadata, lookup tables → store (reading) → writer (lifecycle) → format 1 → search → sharded → distributed. A module
-imports only those below it — function-level imports count — so no import circle can form."""
+imports only those below it — function-level imports count — so no import circle can form.
+
+And the whole product (issue 54): no import circle between any two modules of ``agrame`` and ``agrame_app``
+(function-level imports count), nothing imported from ``benchmarks`` or ``training``, and the core
+(``agrame``) imports neither its front ends (``agrame_app``) nor ``propcite``."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent / "agrame"
+REPO = Path(__file__).resolve().parent.parent
+ROOT = REPO / "agrame"
+PRODUCT = ("agrame", "agrame_app")
 LAYERS = ["format", "lock", "base", "codec", "metadata", "ivf", "lut", "batch", "store", "writer", "v1", "search", "sharded",
           "distributed", "__init__"]
 
@@ -53,3 +59,113 @@ def test_delta_and_encoder_do_not_import_each_other():
     delta = imported_siblings(ROOT / "delta.py", "agrame")
     encoder = imported_siblings(ROOT / "encoder.py", "agrame")
     assert not ("encoder" in delta and "delta" in encoder), (delta, encoder)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def product_imports() -> dict:
+    """``{module: [(imported module, names imported from it or ())…]}`` for the product, anywhere in
+    its body (absolute names)."""
+    out = {}
+    for package in PRODUCT:
+        for path in sorted((REPO / package).rglob("*.py")):
+            name = _module_name(path)
+            here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+            found = []
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom):
+                    base = here.split(".")[:len(here.split(".")) - node.level + 1] if node.level else []
+                    found.append((".".join(base + ([node.module] if node.module else [])),
+                                  tuple(alias.name for alias in node.names)))
+                elif isinstance(node, ast.Import):
+                    found.extend((alias.name, ()) for alias in node.names)
+            out[name] = found
+    return out
+
+
+def import_graph() -> dict:
+    """Edges between the product's own modules: ``from P import m`` of a submodule ``m`` is an edge to
+    ``P.m`` alone (Python runs ``P/__init__`` first, but that is no circle of the code's making)."""
+    imports = product_imports()
+
+    def own(target: str) -> str:
+        while target and target not in imports:
+            target = target.rpartition(".")[0]
+        return target
+
+    graph = {}
+    for name, found in imports.items():
+        edges = set()
+        for module, names in found:
+            submodules = [f"{module}.{n}" for n in names if f"{module}.{n}" in imports]
+            edges.update(submodules)
+            if len(submodules) < len(names) or not names:
+                edges.add(own(module))
+        edges.discard(name)
+        edges.discard("")
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict) -> list:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on, stack, found, counter = {}, {}, set(), [], [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            node, edges = work[-1]
+            advanced = False
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter[0]
+                    counter[0] += 1
+                    stack.append(nxt)
+                    on.add(nxt)
+                    work.append((nxt, iter(sorted(graph.get(nxt, ())))))
+                    advanced = True
+                    break
+                if nxt in on:
+                    low[node] = min(low[node], index[nxt])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_circle_anywhere_in_the_product():
+    assert cycles(import_graph()) == []
+
+
+def test_the_circle_check_finds_a_circle_through_a_function_level_import():
+    graph = import_graph()
+    assert "agrame.index.metadata" in graph["agrame.io"]  # io reads metadata's validation
+    graph["agrame.index.metadata"] = graph["agrame.index.metadata"] | {"agrame.io"}  # the import issue 54 removed
+    assert ["agrame.index.metadata", "agrame.io"] in cycles(graph)
+
+
+def test_the_product_stands_alone():
+    wrong = sorted(f"{name} imports {target}" for name, found in product_imports().items() for target, _ in found
+                   if target.split(".")[0] in ("benchmarks", "training")
+                   or (name.startswith("agrame.") or name == "agrame") and target.split(".")[0] in ("agrame_app", "propcite"))
+    assert wrong == []

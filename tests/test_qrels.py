@@ -41,9 +41,8 @@ def test_answer_match_gold_equals_the_benchmarks_judgments(tmp_path, tiny_model_
     from agrame.runs import read_run
     from agrame.evaluation import evaluate
     from benchmarks import open_domain
-    from benchmarks.common import sample
-    from benchmarks.data import load_pool, load_questions, restrict_pool
-    from benchmarks.gold import qrels
+    from agrame.datasets import load_pool, load_questions, restrict_pool, sample
+    from agrame.gold import qrels
 
     result = tmp_path / "result.json"
     open_domain.main(["--dataset", "nq-open", "--method", "colbert-zeroshot-psg", "--model",
@@ -64,8 +63,7 @@ def test_answer_match_gold_equals_the_benchmarks_judgments(tmp_path, tiny_model_
 
 def test_qrels_take_the_index_own_sentence_spans(tmp_path, tiny_encoder, capsys):
     from agrame.index.writer import build_compressed
-    from benchmarks.common import sample
-    from benchmarks.data import load_pool, load_questions
+    from agrame.datasets import load_pool, load_questions, sample
 
     pool = load_pool()
     questions = sample(load_questions("squad-dev", pool), 3, 0)

@@ -55,7 +55,7 @@ def sentence_p1_by_alpha(ranker: Ranker, records: Sequence[dict], grid: Sequence
 def _gold_in_pool(record: dict, pool, spans) -> Tuple[Optional[int], set]:
     """The record's gold paragraph as a pool position, and the first characters of its answer
     sentences as the pool splits them."""
-    from benchmarks.common import sentence_of
+    from agrame.datasets import sentence_of
 
     gold = next(p for p in record["passages"] if p["positive"])
     position = pool.position.get(gold["text"])
@@ -70,7 +70,7 @@ def pool_top_sentences(encoder, records: Sequence[dict], grid: Sequence[float] =
     """Per record of ``--protocol pool``: its gold (pool position, answer sentences' first characters),
     the top passage, and for each α the top sentence as (pool position, first character); ``pool``:
     the pooled corpus (``benchmarks.data.load_pool()``, the default) or a smaller one for tests."""
-    from benchmarks.data import load_pool
+    from agrame.datasets import load_pool
     from benchmarks.encodings import MultiVectorCache, pool_sentences
     from benchmarks.rerank import Harness
     from agrame.ranker import score_corpus

@@ -39,8 +39,7 @@ def answer_sentences(sentences: Sequence[Sequence[int]], start: int, end: int) -
 
 def build(questions: int, negatives: int, seed: int = 0, depth: int = 30) -> Iterator[dict]:
     from benchmarks.bm25 import PoolBM25
-    from benchmarks.common import squad_paragraphs
-    from benchmarks.metrics import has_answer
+    from agrame.datasets import has_answer, squad_paragraphs
 
     paragraphs = squad_paragraphs("train")
     texts = [p["context"] for p in paragraphs]

@@ -63,7 +63,7 @@ def heldout_articles(n_articles: int, share: float, seed: int) -> set:
 
 def squad_questions(seed: int, heldout_share: float) -> Tuple[List[tuple], List[tuple], List[dict]]:
     """(train, held-out) lists of ``(paragraph index, qa)`` in a seeded order, and the paragraphs."""
-    from benchmarks.common import squad_paragraphs
+    from agrame.datasets import squad_paragraphs
 
     paragraphs = squad_paragraphs("train")
     held = heldout_articles(1 + max(p["article"] for p in paragraphs), heldout_share, seed)
@@ -168,7 +168,7 @@ def choose_negatives(gold: int, answer: str, by_model: Sequence[int], by_bm25: S
                      negatives: int, mined: int) -> Optional[List[int]]:
     """``mined`` clean negatives from the model's ranking, the rest from BM25's (no repeats);
     None when there are too few clean ones (the question is skipped rather than padded)."""
-    from benchmarks.metrics import has_answer
+    from agrame.datasets import has_answer
 
     chosen: List[int] = []
 
@@ -317,7 +317,7 @@ def _guard_passage(texts: Sequence[str], d: int) -> dict:
 def guard_records(questions: Sequence[Tuple[str, str, List[str]]], texts: Sequence[str], negatives: int,
                   limit: int, depth: int = 50, batch: int = 256) -> Iterator[dict]:
     """Up to ``limit`` records of (qid, question, answers) with an answer-holding BM25 passage."""
-    from benchmarks.metrics import has_answer
+    from agrame.datasets import has_answer
 
     written = 0
     for (qid, question, answers), ranked in bm25_ranked(questions, texts, depth, batch):
@@ -382,7 +382,7 @@ def lead_claims(leads: Sequence[str], seed: int, offset: int,
 
 def dpr_questions(topics: str, seed: int) -> List[Tuple[str, str, List[str]]]:
     """(qid, question, answers) of a DPR topic file, shuffled by ``seed`` (qid: topics-line)."""
-    from benchmarks.common import data_dir
+    from agrame.datasets import data_dir
 
     with open(data_dir() / "dpr-topics" / f"{topics}.jsonl", encoding="utf-8") as f:
         questions = [(f"{topics}-{i}", r["question"], list(r["answers"])) for i, r in enumerate(map(json.loads, f))]
@@ -392,14 +392,14 @@ def dpr_questions(topics: str, seed: int) -> List[Tuple[str, str, List[str]]]:
 
 def guard_corpus() -> List[str]:
     """SQuAD train paragraphs and the Wikipedia leads: Wikipedia text of no reported split."""
-    from benchmarks.common import squad_paragraphs
+    from agrame.datasets import squad_paragraphs
 
     return [p["context"] for p in squad_paragraphs("train")] + wiki_leads()
 
 
 def wiki_leads() -> List[str]:
     """The Wikipedia lead paragraphs (../shared/data/wiki-leads), in file order."""
-    from benchmarks.common import data_dir
+    from agrame.datasets import data_dir
 
     with open(data_dir() / "wiki-leads" / "leads.jsonl", encoding="utf-8") as f:
         return [json.loads(line)["text"] for line in f]

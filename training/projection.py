@@ -46,7 +46,7 @@ def _projected(texts: Sequence[str], dim: int, base_name: str = ZERO_SHOT) -> En
 
 def projected_zero_shot(dim: int = 128, passages: int = 1024, seed: int = 0, base: str = ZERO_SHOT) -> Encoder:
     """A zero-shot model with its ``dim`` principal token directions from random SQuAD train paragraphs."""
-    from benchmarks.common import squad_paragraphs
+    from agrame.datasets import squad_paragraphs
 
     texts = [p["context"] for p in squad_paragraphs("train")]
     return _projected(random.Random(seed).sample(texts, min(passages, len(texts))), dim, base)

@@ -191,8 +191,7 @@ def evaluate(model: Optional[CrossEncoder], limit: int, seed: int, depth: int, s
     ``model=None`` evaluates the multi-vector student (``student`` folder or the default) alike.
     """
     from agrame.ranker import Ranker
-    from benchmarks.common import sample
-    from benchmarks.data import load_pool, load_questions
+    from agrame.datasets import load_pool, load_questions, sample
     from benchmarks.bm25 import PoolBM25
     from benchmarks.encodings import cache_root
     from agrame.spans import split_sentences

@@ -36,6 +36,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..jsonbounds import loads_json
 from .format import IndexFolderError, valid_digest, writing
 
 METADATA_FILE = "meta.sqlite"
@@ -231,8 +232,6 @@ def _condition(key: str, op: Any, arg: Any, where: str, budget: _Budget):
 def parse_filter(spec: Any) -> tuple:
     """Check a filter (a dict, or its JSON text); the parsed tree, or FilterError naming the place."""
     if isinstance(spec, (str, bytes)):
-        from ..io import loads_json
-
         try:
             spec = loads_json(spec, MAX_FILTER_DEPTH * 2 + 2)  # (a level of the filter is an object and a list)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -20,11 +20,8 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from agrame.runs import span_docid
-
-from .common import sentence_of
-from .data import Pool, Question
-from .metrics import has_answer, normalize_answer
+from .datasets import Pool, Question, has_answer, normalize_answer, sentence_of
+from .runs import span_docid
 
 Spans = Sequence[Tuple[int, int]]
 
@@ -63,7 +60,7 @@ def qrels(dataset: str, questions: Sequence[Question], pool: Pool, granularity: 
     ``spans_of(p)``: the sentence spans of pool passage ``p`` as the index holds them (default:
     :func:`agrame.spans.split_sentences`, what an index stores when given none).
     """
-    from agrame.spans import split_sentences
+    from .spans import split_sentences
 
     if granularity not in ("passage", "sentence"):
         raise ValueError(f"granularity {granularity!r}: qrels judge passages or sentences")
