@@ -5,7 +5,8 @@
 """
 
 from .corpus import EncodedCorpus, Passage
-from .encoder import Encoder, EncoderSettings, ModelError, load_encoder
+from .encoder import Encoder, EncoderSettings, ModelError
+from .loading import load_encoder
 from .ranker import GRANULARITIES, Ranker, ScoredSpan
 from .spans import span_token_mask, split_sentences
 

@@ -10,7 +10,8 @@ import torch
 
 from . import scoring
 from .corpus import EncodedCorpus, PassageLike, as_passages
-from .encoder import Encoder, load_encoder
+from .encoder import Encoder
+from .loading import load_encoder
 from .spans import SpanLike, normalize_span, span_token_mask
 
 Granularity = Literal["passage", "sentence", "span"]

@@ -93,13 +93,14 @@ def _finite_float(value: str) -> float:
 
 
 def _default_model_help() -> str:
-    from agrame.encoder import DEFAULT_MODEL, ZERO_SHOT
+    from agrame.backbones import ZERO_SHOT
+    from agrame.loading import DEFAULT_MODEL
 
     return f"default: {DEFAULT_MODEL}, the trained 128-d model; {ZERO_SHOT} for untrained MiniLM"
 
 
 def _model_names() -> str:
-    from agrame.encoder import shipped_names
+    from agrame.loading import shipped_names
 
     return ", ".join(shipped_names())
 
@@ -518,7 +519,7 @@ def _cmd_index(args) -> int:
 
         ray_session = distributed.check_ray()  # says how to install Ray (exit 2) before the passages are read
     passages = read_passages(args.passages, args.input_format, args.max_passage_chars)
-    from agrame.encoder import load_encoder
+    from agrame.loading import load_encoder
     from agrame.index import build_index
 
     if args.add or args.upsert:
@@ -728,7 +729,7 @@ def _dataset_step(step, *args):
 
 
 def _cmd_export(args) -> int:
-    from agrame.encoder import load_encoder
+    from agrame.loading import load_encoder
     from agrame.export import compatibility, export
 
     encoder = load_encoder(args.model)

@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from agrame.corpus import Passage
-from agrame.encoder import load_encoder
+from agrame.loading import load_encoder
 from agrame.ranker import Ranker
 from agrame.scoring import similarity, span_maxsim
 from agrame.spans import span_token_mask

@@ -153,7 +153,7 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         index = args.index
         if index is None:
-            from agrame.encoder import load_encoder
+            from agrame.loading import load_encoder
             from agrame.index import build_index
             from agrame.io import read_passages
 

@@ -98,7 +98,8 @@ def tiny_encoder(doc_maxlen: int = 24, query_maxlen: int = 8, dim: Optional[int]
     import torch
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
-    from agrame.encoder import Encoder, EncoderSettings, default_model_path
+    from agrame.encoder import Encoder, EncoderSettings
+    from agrame.backbones import default_model_path
 
     torch.manual_seed(seed)
     # The real MiniLM vocabulary keeps tokenisation (unicode, word pieces, offsets) realistic.

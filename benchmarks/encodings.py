@@ -24,7 +24,9 @@ import torch
 from tqdm.auto import tqdm
 
 from agrame.corpus import EncodedCorpus, Passage
-from agrame.encoder import Encoder, default_model_path, load_encoder
+from agrame.encoder import Encoder
+from agrame.backbones import default_model_path
+from agrame.loading import load_encoder
 from agrame.index.format import MANIFEST, model_block, read_manifest, write_manifest
 from agrame.index.v1 import VECTORS, build_index, load_index
 from agrame.spans import split_sentences
@@ -169,7 +171,7 @@ class SingleVectorEncoder:
         from transformers import AutoModel, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        from agrame.encoder import E5_SMALL
+        from agrame.backbones import E5_SMALL
 
         hf_logging.set_verbosity_error()
         self.query_prefix = self.passage_prefix = ""

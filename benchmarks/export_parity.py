@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from agrame.encoder import load_encoder
+from agrame.loading import load_encoder
 from agrame.export import compatibility, export
 
 from .common import command_line, sample, write_result

@@ -120,7 +120,7 @@ def worker(args) -> None:
     """One operation on the index: the model loads first, then the parent writes the path of the
     operation's spec to stdin (so a worker can start while the previous trial is being checked)."""
     from agrame.corpus import Passage
-    from agrame.encoder import load_encoder
+    from agrame.loading import load_encoder
     from agrame.index import IndexWriter, build_index
 
     encoder = load_encoder(args.model)
@@ -272,7 +272,7 @@ def main(argv=None) -> None:
     import tempfile
 
     from agrame.corpus import Passage
-    from agrame.encoder import load_encoder
+    from agrame.loading import load_encoder
     from agrame.index import build_index
 
     from .common import command_line, write_result

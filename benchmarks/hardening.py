@@ -38,7 +38,7 @@ def tiny_index(folder: Path):
     from agrame.corpus import Passage
     from agrame.index import build_index
 
-    from agrame.encoder import load_encoder
+    from agrame.loading import load_encoder
 
     model = folder / "model"
     if not model.exists():

@@ -35,7 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from agrame.corpus import EncodedCorpus, Passage
-from agrame.encoder import load_encoder
+from agrame.loading import load_encoder
 from agrame.index import Index
 from agrame.index.search import SearchSettings
 from agrame.index import read_manifest
@@ -349,7 +349,8 @@ def store_with_model(model: Optional[str], field: str, value) -> Path:
     """Write a choice into a shipped model's settings (``agrame/models/NAME/agrame.json``): what an index
     built with it records (:class:`agrame.encoder.EncoderSettings` ``pool_factor`` / ``search``). The
     value's default removes the field. Only shipped models (by name, the default included)."""
-    from agrame.encoder import DEFAULT_MODEL, EncoderSettings, named_models
+    from agrame.encoder import EncoderSettings
+    from agrame.loading import DEFAULT_MODEL, named_models
 
     name = model or DEFAULT_MODEL
     folders = named_models()

@@ -19,7 +19,8 @@ from collections import defaultdict
 from tqdm.auto import tqdm
 
 from agrame.corpus import Passage
-from agrame.encoder import DEFAULT_MARKERS, load_encoder
+from agrame.encoder import DEFAULT_MARKERS
+from agrame.loading import load_encoder
 from agrame.ranker import Ranker, rank_corpus
 from agrame.spans import split_sentences
 

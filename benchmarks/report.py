@@ -1427,7 +1427,7 @@ def render_evidence(results: List[dict]) -> str:
 
 def render_shipping(results_dir: Path) -> str | None:
     """The shipping rule (issue 51), row by row for the default model."""
-    from agrame.encoder import DEFAULT_MODEL
+    from agrame.loading import DEFAULT_MODEL
 
     from . import shipping
 

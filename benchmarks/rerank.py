@@ -11,7 +11,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from agrame.encoder import load_encoder
+from agrame.loading import load_encoder
 from agrame.ranker import Ranker, rank_corpus
 
 from .bm25 import PoolBM25

@@ -127,7 +127,7 @@ def run_layouts(folder: Path, model: Path) -> dict:
     metadata-less index), each with user files; and real indexes with a user's folder inside. Every
     command on them; a user file touched is a failure."""
     from agrame.corpus import Passage
-    from agrame.encoder import load_encoder
+    from agrame.loading import load_encoder
     from agrame.index import Index, build_index
 
     encoder = load_encoder(str(model))

@@ -59,7 +59,7 @@ def _same(a: Path, b: Path) -> bool:
 
 
 def cmd_build(args) -> None:
-    from agrame.encoder import load_encoder
+    from agrame.loading import load_encoder
     from agrame.index.distributed import build_with_ray, connect
 
     vectors = PoolVectors(args.model)
@@ -240,7 +240,7 @@ def cmd_cluster(args) -> None:
     import ray
     from ray.cluster_utils import Cluster
 
-    from agrame.encoder import load_encoder
+    from agrame.loading import load_encoder
     from agrame.index.distributed import WORKER_ENV, RayShardedIndex, build_with_ray
     from agrame.index.sharded import build_sharded
 

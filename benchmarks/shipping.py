@@ -79,7 +79,7 @@ CARDS = REPO / "agrame" / "models" / "cards.json"
 
 def fingerprint(name: str) -> str:
     """A shipped model's fingerprint (12 hex): from its delta.json, or by loading a base model."""
-    from agrame.encoder import load_encoder, named_models
+    from agrame.loading import load_encoder, named_models
 
     folder = named_models().get(name)
     if folder is not None:
@@ -209,7 +209,8 @@ def render(candidate: str, results: Path = RESULTS) -> str:
 
 def cards(results: Path = RESULTS) -> dict:
     """What ``agrame models`` prints: each shipped model's dimension, index size, fingerprint and rows."""
-    from agrame.encoder import ModelError, load_encoder, named_models
+    from agrame.encoder import ModelError
+    from agrame.loading import load_encoder, named_models
 
     loaded = load_rows(results)
     size_rows = {r["_file"]: r for r in _load(results, "index_search-size-2b*.json")}

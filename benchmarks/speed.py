@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from agrame.corpus import Passage
-from agrame.encoder import DEFAULT_MARKERS, load_encoder
+from agrame.encoder import DEFAULT_MARKERS
+from agrame.loading import load_encoder
 from agrame.index.v1 import build_index
 from agrame.ranker import Ranker
 from agrame.spans import split_sentences

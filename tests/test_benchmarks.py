@@ -221,7 +221,7 @@ def test_index_build_time_smoke(tmp_path, tiny_model_dir):
 def test_choose_alpha_pool_protocol_matches_the_rerank_harness(tiny_model_dir):
     # For each α, the top sentence is the one benchmarks.open_domain's harness ranks first with that α,
     # and the P@1 table judges it as open_domain does (the answer offset's sentence of the gold paragraph).
-    from agrame.encoder import load_encoder
+    from agrame.loading import load_encoder
     from agrame.spans import split_sentences
     from benchmarks.common import sample, sentence_of, squad_paragraphs
     from benchmarks.data import load_pool, restrict_pool, squad_id

@@ -113,7 +113,7 @@ def test_pack_run_unpack_equals_a_model_trained_here(tmp_path, tiny_base):
     subprocess.run([sys.executable, "-m", "training.teachers", "multivector", "--model", "zero-shot", "--data",
                     str(distill), "--out", str(scored)], check=True, cwd=ROOT, env=local_env, capture_output=True)
     assert scored.read_text() == (work / "data" / "distill-scored.jsonl").read_text()
-    from agrame.encoder import load_encoder
+    from agrame.loading import load_encoder
 
     texts = list(TEXTS)
     for name in ("agrame", "colbert"):
@@ -180,10 +180,10 @@ def test_a_float16_result_is_close_and_unpack_refuses_another_base(tmp_path, tin
     bundle.setup(tmp_path / "b16", work)
     monkeypatch.setenv("AGRAME_MINILM", str(tiny_base))  # (setup pointed it at the rounded θ₀)
     # θ₀ there is the float16 rounding of the true base
-    from agrame.encoder import _load_backbone
+    from agrame.backbones import load_backbone
 
-    true_state = _load_backbone(tiny_base)[0].state_dict()
-    rounded_state = _load_backbone(work / "base")[0].state_dict()
+    true_state = load_backbone(tiny_base)[0].state_dict()
+    rounded_state = load_backbone(work / "base")[0].state_dict()
     w = "encoder.layer.0.attention.self.query.weight"
     assert torch.equal(rounded_state[w], true_state[w].half().float())
     # a student trained there (a stand-in: the true base's own weights moved a little) comes back within
@@ -201,7 +201,7 @@ def test_a_float16_result_is_close_and_unpack_refuses_another_base(tmp_path, tin
     files = bundle.pack_student(tmp_path / "run", work / "base", out, "agrame", manifest)
     assert files == ["agrame-0.safetensors"]
     rebuilt = bundle.unpack(out, tmp_path / "models", export=False, say=lambda *_: None)["agrame"]
-    got = _load_backbone(rebuilt)[0].state_dict()
+    got = load_backbone(rebuilt)[0].state_dict()
     moved = "encoder.layer.1.attention.self.query.weight"
     change = s.backbone.state_dict()[moved] - rounded_state[moved]
     assert torch.allclose(got[moved] - true_state[moved], change, atol=1e-4)

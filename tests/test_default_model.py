@@ -38,7 +38,7 @@ def test_cite_example_cites_both_passages_for_the_mixed_sentence(capsys):
 
 @pytest.mark.slow
 def test_default_is_the_128d_student_and_named_models_load_verified():
-    from agrame.encoder import DEFAULT_MODEL, load_encoder, named_models
+    from agrame.loading import DEFAULT_MODEL, load_encoder, named_models
     from agrame.index.format import model_name
 
     zero_shot = load_encoder("zero-shot")
@@ -68,7 +68,7 @@ def test_default_is_the_128d_student_and_named_models_load_verified():
 def test_index_built_with_the_earlier_default_opens_with_its_new_name(tmp_path):
     """An index whose manifest says "default" but whose fingerprint is squad-a1's (built before
     the default became zero-shot) loads squad-a1; another model is refused naming it."""
-    from agrame.encoder import load_encoder
+    from agrame.loading import load_encoder
     from agrame.index import Index, build_index
     from agrame.index.format import IndexFolderError, read_manifest, write_manifest
 
@@ -89,7 +89,7 @@ def test_index_built_with_the_earlier_default_opens_with_its_new_name(tmp_path):
 @pytest.mark.slow
 def test_student_starts_from_untrained_minilm():
     """A training run must not start from the shipped model (it did once: A3 crashed on its projection)."""
-    from agrame.encoder import load_encoder
+    from agrame.loading import load_encoder
     from training.student import student_encoder
 
     student = student_encoder(128, False, 256)
@@ -103,7 +103,7 @@ def test_student_starts_from_untrained_minilm():
 def test_student_without_projection_round_trips(tmp_path):
     """``--dim 0`` trains MiniLM's own 384-d vectors: the saved model must say ``dim: null``, not 0
     (a 0 asks the loader for a projection file that is not there)."""
-    from agrame.encoder import load_encoder
+    from agrame.loading import load_encoder
     from training.student import student_encoder
 
     student = student_encoder(0, False, 256)
@@ -119,7 +119,7 @@ def test_unmarked_student_ranks_passages_as_zero_shot(tmp_path):
     zero-shot MiniLM's own vectors (the mix's λ = 0 is then zero-shot, not zero-shot plus an
     untrained [Q]); sentence queries keep [Q']. Saved and loaded, the marker stays off."""
     from agrame.delta import export_delta
-    from agrame.encoder import load_encoder
+    from agrame.loading import load_encoder
     from training.student import start_from, student_encoder
 
     zero_shot = load_encoder("zero-shot")
@@ -213,7 +213,8 @@ def test_index_built_with_zero_shot_keeps_its_model_and_refuses_another_by_name(
 def test_a_damaged_or_edited_model_folder_is_refused_by_its_fingerprint(tmp_path):
     import shutil
 
-    from agrame.encoder import ModelError, load_encoder, named_models
+    from agrame.encoder import ModelError
+    from agrame.loading import load_encoder, named_models
 
     half = tmp_path / "half"
     shutil.copytree(named_models()["gpu2100-agrame128"], half)

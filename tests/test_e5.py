@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agrame.e5 import _dequantise_q4, load_e5
-from agrame.encoder import E5_SMALL, load_encoder
+from agrame.backbones import E5_SMALL
+from agrame.loading import load_encoder
 
 TEXTS = ["Coral reefs bleach when the water is too warm.  Fish swim away!",
          "The Eiffel Tower (Paris) was built in 1889 — by Gustave Eiffel's company.",

@@ -147,7 +147,7 @@ def test_pick_copies_the_best_held_out_model(tmp_path):
 @pytest.mark.slow
 def test_the_shipped_e5_projection_loads_verified_on_e5s_own_weights():
     from agrame.e5 import load_e5
-    from agrame.encoder import load_encoder, named_models
+    from agrame.loading import load_encoder, named_models
     from agrame.ranker import Ranker
 
     assert "e5-kd-128" in named_models()

@@ -8,7 +8,8 @@ import string
 import pytest
 import torch
 
-from agrame.encoder import EncoderSettings, ModelError, load_encoder
+from agrame.encoder import EncoderSettings, ModelError
+from agrame.loading import load_encoder
 from agrame.spans import span_token_mask
 
 
@@ -186,7 +187,7 @@ def test_with_settings_shares_weights_and_changes_markers(tiny_encoder):
 
 
 def test_default_zero_shot_settings_use_no_query_markers():
-    from agrame.encoder import zero_shot_settings
+    from agrame.backbones import zero_shot_settings
 
     settings = zero_shot_settings()
     assert settings.dim is None
@@ -215,7 +216,8 @@ def test_delta_roundtrip_and_fingerprint_check(tmp_path, make_tiny_encoder, tiny
     import json
 
     from agrame.delta import export_delta, load_delta
-    from agrame.encoder import ModelError, load_encoder
+    from agrame.encoder import ModelError
+    from agrame.loading import load_encoder
 
     base_dir = tiny_model_dir
     trained = load_encoder(base_dir).with_settings(markers={"Q": "[unused0]", "Q'": "[unused2]", "D": "[unused1]"})

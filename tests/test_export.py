@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from agrame.encoder import ModelError, load_encoder
+from agrame.encoder import ModelError
+from agrame.loading import load_encoder
 from agrame.export import compatibility, export
 from agrame_app.cli import main
 

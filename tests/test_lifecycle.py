@@ -280,7 +280,7 @@ def test_a_second_writer_is_refused_or_waits(built, tiny_encoder, capsys, tiny_m
 _ADD = textwrap.dedent("""
     import sys
     from agrame.corpus import Passage
-    from agrame.encoder import load_encoder
+    from agrame.loading import load_encoder
     from agrame.index import IndexWriter
     enc = load_encoder(sys.argv[2])
     with IndexWriter(sys.argv[1], lock_timeout=60) as w:
@@ -302,7 +302,7 @@ def test_kill_9_loop_leaves_before_or_after(tmp_path, tiny_model_dir, monkeypatc
     from benchmarks import fault
 
     monkeypatch.chdir(REPO)
-    from agrame.encoder import load_encoder
+    from agrame.loading import load_encoder
 
     enc = load_encoder(str(tiny_model_dir))
     rng = random.Random(0)

@@ -214,7 +214,8 @@ def _base_parts(precision: str, texts: Optional[Sequence[str]] = None) -> Tuple[
     """θ₀ — the backbone ``load_encoder("zero-shot")`` loads — as config/tokenizer files and its
     state_dict in ``precision`` (xz; with ``texts``, of the embedding matrix only the rows their
     tokens use), and that model's fingerprint (what a result must match)."""
-    from agrame.encoder import ZERO_SHOT, load_encoder
+    from agrame.backbones import ZERO_SHOT
+    from agrame.loading import load_encoder
 
     encoder = load_encoder(ZERO_SHOT)
     dtype = torch.float16 if precision == "float16" else torch.float32
@@ -240,7 +241,8 @@ def _start_parts(starts: Sequence[str]) -> Dict[str, bytes]:
     changed the backbone would need its own weights, which do not fit)."""
     import safetensors.torch as st
 
-    from agrame.encoder import ZERO_SHOT, load_encoder
+    from agrame.backbones import ZERO_SHOT
+    from agrame.loading import load_encoder
 
     base = load_encoder(ZERO_SHOT).backbone.state_dict()
     files = {}
@@ -510,7 +512,9 @@ def setup(bundle: Path, work: Path) -> dict:
         shutil.rmtree(base, ignore_errors=True)
         staging.rename(base)
     os.environ["AGRAME_MINILM"] = str(base)
-    from agrame.encoder import ZERO_SHOT, Encoder, EncoderSettings, load_encoder
+    from agrame.encoder import Encoder, EncoderSettings
+    from agrame.backbones import ZERO_SHOT
+    from agrame.loading import load_encoder
 
     zero = load_encoder(ZERO_SHOT)
     for folder in sorted((bundle / "starts").iterdir()):
@@ -851,12 +855,12 @@ def pack_student(run_dir: Path, base: Path, out: Path, name: str, manifest: dict
     """A student's change over θ₀ into ``out/NAME-i.safetensors`` files of at most 15 MiB each."""
     import safetensors.torch as st
 
-    from agrame.encoder import _load_backbone
+    from agrame.backbones import load_backbone
 
     final = run_dir / "final"
     out.mkdir(parents=True, exist_ok=True)
-    theta0 = _load_backbone(base)[0].state_dict()
-    theta1 = _load_backbone(final)[0].state_dict()
+    theta0 = load_backbone(base)[0].state_dict()
+    theta1 = load_backbone(final)[0].state_dict()
     exact = manifest["precision"] == "float32"
     tensors: Dict[str, torch.Tensor] = {}
     for key, new in theta1.items():
@@ -910,7 +914,9 @@ def unpack(result: Path, out: Path, *, export: bool = True, say=print) -> Dict[s
     import safetensors
     import safetensors.torch as st
 
-    from agrame.encoder import ZERO_SHOT, Encoder, EncoderSettings, load_encoder
+    from agrame.encoder import Encoder, EncoderSettings
+    from agrame.backbones import ZERO_SHOT
+    from agrame.loading import load_encoder
 
     firsts = sorted(result.glob("*-0.safetensors"))
     ranking = result / "squad-ranking.jsonl"

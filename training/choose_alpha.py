@@ -26,7 +26,8 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from agrame import scoring
-from agrame.encoder import SETTINGS_FILE, load_encoder
+from agrame.encoder import SETTINGS_FILE
+from agrame.loading import load_encoder
 from agrame.ranker import Ranker
 
 GRID = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)

@@ -43,7 +43,8 @@ import torch
 
 from agrame import scoring
 from agrame.corpus import EncodedCorpus, as_passages
-from agrame.encoder import Encoder, load_encoder
+from agrame.encoder import Encoder
+from agrame.loading import load_encoder
 from agrame.ranker import Ranker
 
 from .choose_alpha import GRID

@@ -41,7 +41,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from agrame.encoder import E5_SMALL, ZERO_SHOT, Encoder, load_encoder
+from agrame.encoder import Encoder
+from agrame.backbones import E5_SMALL, ZERO_SHOT
+from agrame.loading import load_encoder
 from agrame.spans import token_segments
 
 from .e5_teacher import MODES, TEMPERATURE, E5Teacher

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from agrame.delta import BASE_E5, BASE_MINILM, DELTA_FILE, export_delta
-from agrame.encoder import load_encoder
+from agrame.loading import load_encoder
 
 LIMIT_MB = 16.0
 

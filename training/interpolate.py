@@ -22,7 +22,8 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from agrame.encoder import Encoder, ModelError, load_encoder
+from agrame.encoder import Encoder, ModelError
+from agrame.loading import load_encoder
 
 
 def interpolate(start: Encoder, tuned: Encoder, mix: float) -> Encoder:

@@ -91,7 +91,7 @@ class Miner:
         #: question id → the model's ranking made elsewhere (``exact-rank`` on a GPU: --ranking)
         self.ranking = ranking
         if model is not None:
-            from agrame.encoder import load_encoder
+            from agrame.loading import load_encoder
             from agrame.index import Index, build_index
 
             encoder = load_encoder(None if model == "default" else model)
@@ -533,7 +533,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         print(f"wrote {write_jsonl(kept, args.out)} of {len(held)} held-out records to {args.out}")
         return
     if args.source == "exact-rank":
-        from agrame.encoder import load_encoder
+        from agrame.loading import load_encoder
 
         from .data import read
 

@@ -25,7 +25,9 @@ from typing import Optional, Sequence
 
 from torch import nn
 
-from agrame.encoder import E5_SMALL, ZERO_SHOT, Encoder, e5_zero_shot_settings, load_encoder, zero_shot_settings
+from agrame.encoder import Encoder
+from agrame.backbones import E5_SMALL, ZERO_SHOT, e5_zero_shot_settings, zero_shot_settings
+from agrame.loading import load_encoder
 
 BASES = {ZERO_SHOT: zero_shot_settings, E5_SMALL: e5_zero_shot_settings}
 

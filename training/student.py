@@ -28,8 +28,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from agrame.encoder import (DEFAULT_MARKERS, E5_SMALL, ZERO_SHOT, Encoder, EncoderSettings, e5_zero_shot_settings,
-                            load_encoder)
+from agrame.encoder import DEFAULT_MARKERS, Encoder, EncoderSettings
+from agrame.backbones import E5_SMALL, ZERO_SHOT, e5_zero_shot_settings
+from agrame.loading import load_encoder
 from agrame.spans import token_segments
 
 from .losses import MultiGranularKLLoss

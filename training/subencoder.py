@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from agrame.encoder import default_model_path
+from agrame.backbones import default_model_path
 from agrame.spans import SpanLike, span_token_mask
 
 from .losses import SupConLoss

@@ -32,7 +32,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from agrame.encoder import default_model_path
+from agrame.backbones import default_model_path
 
 KINDS = ("passage", "marked", "one-pass")
 SENTENCE_MARKER = "[unused3]"  # DESIGN.md's proposition/sentence marker slot

@@ -156,9 +156,9 @@ class EncodeBlocks:
 
 
 def _encoder(model, device: str = "cpu"):
-    """``model`` as :func:`~agrame.encoder.load_encoder` takes it, or an encoder object itself (anything
+    """``model`` as :func:`~agrame.loading.load_encoder` takes it, or an encoder object itself (anything
     with ``encode_passages``, ``fingerprint``, ``source``, ``settings``; e.g. a benchmark's generator)."""
-    from ..encoder import load_encoder
+    from ..loading import load_encoder
 
     if model is None or isinstance(model, (str, Path)):
         return load_encoder(model, device=device)
@@ -249,7 +249,7 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
                    pool_factor=None) -> Path:
     """Encode ``passages`` on a Ray cluster into an index at ``path`` (``shards`` > 1: a sharded one).
 
-    ``model``: what :func:`agrame.encoder.load_encoder` takes (a folder or shipped name; every actor
+    ``model``: what :func:`agrame.loading.load_encoder` takes (a folder or shipped name; every actor
     loads it). ``codec``: given centroids and buckets (else trained on a sample, on the driver).
 
     **When the bytes equal a local build's**: given the same ``codec`` (and passages, model, nbits,

@@ -390,7 +390,7 @@ def check_files(folder: Path, files: Dict[str, dict], verify: bool | str = "auto
 def model_name(encoder) -> str:
     """What ``load_encoder`` takes to load this encoder again: ``default``, ``zero-shot``, a
     shipped model's name or a path."""
-    from ..encoder import named_models
+    from ..loading import named_models
 
     source = str(encoder.source)
     if source.startswith("default:"):
@@ -407,7 +407,7 @@ def model_name(encoder) -> str:
 
 def current_default_name() -> str:
     """``model_name`` of what ``load_encoder()`` loads now (a shipped model's name)."""
-    from ..encoder import DEFAULT_MODEL
+    from ..loading import DEFAULT_MODEL
 
     return DEFAULT_MODEL
 
@@ -433,7 +433,8 @@ def index_model_name(manifest: dict) -> str:
 def load_index_model(manifest: dict, path: str | Path, model=None):
     """The encoder to search an index with: ``model`` if given (an :class:`Encoder`, or an object with
     its ``fingerprint()``, ``source`` and ``passage_offsets``; checked), else the index's own."""
-    from ..encoder import ModelError, load_encoder, named_model_with_fingerprint
+    from ..encoder import ModelError
+    from ..loading import load_encoder, named_model_with_fingerprint
 
     if model is not None and not isinstance(model, (str, Path)):
         encoder = model
@@ -457,7 +458,7 @@ def check_model(manifest: dict, encoder, path: str | Path) -> None:
     if built["fingerprint"] == encoder.fingerprint():
         return
     name = index_model_name(manifest)
-    from ..encoder import named_model_with_fingerprint
+    from ..loading import named_model_with_fingerprint
 
     alias = named_model_with_fingerprint(built["fingerprint"]) if name == "default" else None
     if alias is not None:

@@ -22,7 +22,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _cards() -> dict:
-    from agrame.encoder import MODELS_DIR
+    from agrame.loading import MODELS_DIR
 
     path = Path(MODELS_DIR) / "cards.json"
     try:
@@ -33,7 +33,7 @@ def _cards() -> dict:
 
 def models(cards: Optional[dict] = None) -> List[Dict]:
     """Every shipped name with what is known of it; a model the cards do not list yet has no rows."""
-    from agrame.encoder import DEFAULT_MODEL, named_models, shipped_names
+    from agrame.loading import DEFAULT_MODEL, named_models, shipped_names
 
     cards = _cards() if cards is None else cards
     folders = named_models()

@@ -404,7 +404,7 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
     from fastapi.responses import FileResponse, JSONResponse
 
     from agrame import __version__
-    from agrame.encoder import load_encoder
+    from agrame.loading import load_encoder
     from agrame.index.format import SearchSettings
     from agrame.ranker import Ranker
 
