@@ -124,7 +124,7 @@ class EncodedCorpus:
         """This corpus with each passage's token vectors pooled within its sentences
         (:mod:`agrame.pooling`): about one vector per ``factor`` tokens; sentences and spans keep
         working (a pooled vector's offsets cover its run of tokens)."""
-        from .pooling import check_pool_factor, pool_by_runs, pool_runs, pooled_offsets
+        from .pooling import check_pool_factor, pool_assignment, pool_by_assignment, pooled_offsets
 
         factor = check_pool_factor(factor)
         if factor == 1:
@@ -136,12 +136,14 @@ class EncodedCorpus:
             vec = torch.from_numpy(np.asarray(vec, dtype=np.float32)) if isinstance(vec, np.ndarray) else vec
             seg = self.token_sentence[sl]
             seg = torch.where(self.offsets[sl, 1] > self.offsets[sl, 0], seg, torch.full_like(seg, -1))
-            runs = pool_runs(vec.float().numpy(), seg.numpy(), factor)
-            first = torch.from_numpy(np.cumsum(runs, dtype=np.int64) - runs.astype(np.int64))
-            vectors.append(pool_by_runs(vec.float(), runs).to(vec.dtype))
-            offsets.append(pooled_offsets(self.offsets[sl], runs))
-            token_sentence.append(self.token_sentence[sl][first])
-            starts.append(starts[-1] + len(runs))
+            assignment = pool_assignment(vec.float().numpy(), seg.numpy(), factor)
+            m = int(assignment.max(initial=-1)) + 1
+            first = np.full(m, len(assignment), dtype=np.int64)
+            np.minimum.at(first, assignment, np.arange(len(assignment)))
+            vectors.append(pool_by_assignment(vec.float(), assignment).to(vec.dtype))
+            offsets.append(pooled_offsets(self.offsets[sl], assignment))
+            token_sentence.append(self.token_sentence[sl][torch.from_numpy(first)])
+            starts.append(starts[-1] + m)
         passage_starts = torch.tensor(starts, dtype=torch.long)
         return EncodedCorpus(
             ids=list(self.ids), texts=list(self.texts),

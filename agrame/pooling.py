@@ -5,41 +5,44 @@ Hierarchical token pooling (Clavié, Chaffin, Adams 2024; sentence-transformers'
 each cluster's normalised mean. Unconstrained, a cluster may join tokens of two sentences — it then
 belongs to neither, and a sentence may lose every vector. Here the clustering is *constrained*:
 
-- only **adjacent** tokens of the **same sentence** may join (Ward with a chain connectivity cut at
-  sentence borders), so every stored vector is one run of consecutive tokens inside one sentence and
-  every sentence keeps at least one vector;
+- only tokens of the **same sentence** may join (Ward with a connectivity cut at sentence borders),
+  so every stored vector belongs to exactly one sentence and every sentence keeps at least one vector;
+  inside a sentence any tokens may join (a repeated word, a name's pieces), which measured better
+  than joining neighbours only (``python -m benchmarks.pool_methods``, SQuAD train);
 - tokens outside every sentence (``[CLS]``, the ``[D]`` marker, ``[SEP]``: character offsets with
   start == end) are protected, as the literature protects ``[CLS]``: each keeps its own vector.
-
-A pooled vector then is a "wide token": its characters are ``(start of its first token, end of its
-last)``, and :func:`agrame.spans.span_token_mask` — a token belongs to a span when its characters
-overlap one of the span's pieces — applies unchanged. A span that cuts a cluster is scored by every
-cluster it overlaps (so with the whole cluster's mean: a superset, never an empty span). The
-runs are all an index keeps of the pooling (``pool.bin``, one byte per vector): with the tokenizer's
-offsets they give the pooled offsets back exactly.
 
 The count: a passage with ``n`` pooled-over tokens keeps ``max(sentences, ceil(n / factor))`` of
 them (PyLate keeps ``n // factor`` over the whole document), merging the cheapest pair in the passage
 first, so long sentences give up more vectors than short ones.
+
+Vectors are ordered by their first token; a vector's characters are from its first token's start to
+its last token's end (:func:`pooled_offsets`), so :func:`agrame.spans.span_token_mask` — a token
+belongs to a span when its characters overlap one of the span's pieces — applies unchanged: a span is
+scored by every pooled vector whose characters overlap it (all of a cluster's mean, also where the
+span cuts the cluster). An index keeps which vector each original token went to in one byte a token
+(:func:`encode_assignment`), so that the tokenizer's offsets give the pooled ones back exactly.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from typing import List, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import numpy as np
 import torch
 
-#: A run is stored in one byte (``pool.bin``); a merge that would pass it is not made.
-MAX_RUN = 255
+#: Tokens of one sentence are clustered in blocks of at most this many consecutive tokens, so that the
+#: one-byte code of a token (how many vectors back its own started) never passes 255.
+MAX_BLOCK = 255
 #: The largest pool factor accepted (the literature stops at 4–6; past 16 a passage is a few vectors).
 MAX_FACTOR = 16.0
 
 
 def check_pool_factor(value) -> float:
-    """A pool factor as a float in [1, :data:`MAX_FACTOR`]; ``ValueError`` naming the value otherwise."""
+    """A pool factor as a number in [1, :data:`MAX_FACTOR`] (an int when whole); ``ValueError`` naming
+    the value otherwise."""
     if isinstance(value, bool):
         raise ValueError(f"pool factor must be a number from 1 to {MAX_FACTOR:g}, got {value!r}")
     try:
@@ -51,19 +54,81 @@ def check_pool_factor(value) -> float:
     return int(factor) if factor == int(factor) else factor
 
 
-def _ward(sa: np.ndarray, na: int, sb: np.ndarray, nb: int) -> float:
-    # Ward's merge cost from cluster sums: na·nb/(na+nb) · ‖μa − μb‖² (the increase of the
-    # within-cluster sum of squares; Lance–Williams' Ward update gives the same value).
+def ward_cost(sa: np.ndarray, na: int, sb: np.ndarray, nb: int) -> float:
+    """Ward's merge cost of two clusters from their sums and sizes: na·nb/(na+nb) · ‖μa − μb‖² (the rise
+    of the within-cluster sum of squares; Lance–Williams' Ward update gives the same value)."""
     diff = sa / na - sb / nb
     return na * nb / (na + nb) * float(diff @ diff)
 
 
-def pool_runs(vectors, segments, factor: float) -> np.ndarray:
-    """Run lengths (token counts, in order, summing to ``len(vectors)``) of the pooled vectors of one
-    passage: ``vectors`` ``[n, d]``; ``segments`` ``[n]`` each token's sentence (−1: protected).
+def blocks(segments) -> np.ndarray:
+    """The connectivity: tokens with the same block id may join; −1: protected (alone). A block is one
+    sentence's tokens, cut every :data:`MAX_BLOCK` tokens."""
+    seg = np.asarray(segments, dtype=np.int64).reshape(-1)
+    out = np.full(len(seg), -1, dtype=np.int64)
+    inside = np.flatnonzero(seg >= 0)
+    if len(inside):
+        s = seg[inside]
+        first = np.concatenate([[True], s[1:] != s[:-1]])  # a sentence's tokens are consecutive rows
+        start = np.maximum.accumulate(np.where(first, np.arange(len(s)), 0))
+        out[inside] = s * (1 << 20) + (np.arange(len(s)) - start) // MAX_BLOCK
+    return out
 
-    Greedy agglomeration, cheapest Ward merge of two adjacent runs of one sentence first (ties: the
-    leftmost), until ``max(sentences, ceil(n_in_sentences / factor))`` runs of sentence tokens are left."""
+
+def _pair_costs(x: np.ndarray) -> np.ndarray:
+    """Ward costs of every pair of single tokens, ``[s, s]``, symmetric, +inf on the diagonal."""
+    s = len(x)
+    if s * s * x.shape[1] <= 1 << 22:
+        cost = 0.5 * ((x[:, None, :] - x[None, :, :]) ** 2).sum(axis=-1)
+    else:  # a long sentence: the Gram form, without an [s, s, d] temporary
+        sq = (x * x).sum(axis=1)
+        cost = 0.5 * np.maximum(sq[:, None] + sq[None, :] - 2 * x @ x.T, 0.0)
+    np.fill_diagonal(cost, np.inf)
+    return cost
+
+
+class _Block:
+    """One block's clusters: sums, sizes, means and the Ward cost of every pair of live clusters
+    (symmetric; +inf for a dead cluster and on the diagonal)."""
+
+    def __init__(self, members: np.ndarray, x: np.ndarray):
+        self.members = members  # token index of each local cluster's first token (its id)
+        self.sums = x[members].copy()
+        self.means = self.sums.copy()
+        self.size = np.ones(len(members), dtype=np.float64)
+        self.cost = _pair_costs(self.sums)
+        self.version = 0
+
+    def best(self):
+        # Row-major over a symmetric matrix: of equal costs, the pair with the smallest first cluster,
+        # then the smallest second, wins — the (a, b) order of the ids, which follow the tokens.
+        k = int(np.argmin(self.cost))
+        i, j = divmod(k, len(self.members))
+        return float(self.cost[i, j]), min(i, j), max(i, j)
+
+    def merge(self, i: int, j: int) -> None:
+        self.sums[i] += self.sums[j]
+        self.size[i] += self.size[j]
+        self.size[j] = 0.0
+        self.means[i] = self.sums[i] / self.size[i]
+        diff = self.means - self.means[i]
+        costs = self.size[i] * self.size / (self.size[i] + self.size) * np.einsum("ij,ij->i", diff, diff)
+        costs[self.size == 0] = np.inf
+        costs[i] = np.inf
+        self.cost[i, :] = costs
+        self.cost[:, i] = costs
+        self.cost[j, :] = np.inf
+        self.cost[:, j] = np.inf
+        self.version += 1
+
+
+def pool_assignment(vectors, segments, factor: float) -> np.ndarray:
+    """The pooled vector of each token of one passage (``[n]``, vectors numbered by first token):
+    ``vectors`` ``[n, d]``; ``segments`` ``[n]`` each token's sentence (−1: protected).
+
+    Greedy agglomeration, cheapest Ward merge of two clusters of one block first (ties: the smallest
+    first tokens), until ``max(sentences, ceil(n_in_sentences / factor))`` clusters of sentence
+    tokens are left (or no two clusters of a block are left to merge)."""
     x = np.asarray(vectors, dtype=np.float64)
     seg = np.asarray(segments, dtype=np.int64).reshape(-1)
     n = len(seg)
@@ -71,67 +136,89 @@ def pool_runs(vectors, segments, factor: float) -> np.ndarray:
     n_in = int(inside.sum())
     target = max(len(np.unique(seg[inside])), math.ceil(n_in / factor)) if n_in else 0
     merges = n_in - target
+    parent = np.arange(n, dtype=np.int64)
     if merges <= 0:
-        return np.ones(n, dtype=np.uint8)
-    sums = [x[i] for i in range(n)]
-    size = [1] * n
-    nxt = list(range(1, n + 1))
-    prv = list(range(-1, n - 1))
-    alive = [True] * n
-
-    def joinable(a: int, b: int) -> bool:
-        return 0 <= a and b < n and seg[a] >= 0 and seg[a] == seg[b] and size[a] + size[b] <= MAX_RUN
-
-    first = 0.5 * ((x[1:] - x[:-1]) ** 2).sum(axis=1)  # _ward of two single tokens, all at once
-    heap = [(float(first[i]), i, i + 1, 1, 1) for i in range(n - 1) if joinable(i, i + 1)]
+        return parent
+    block = blocks(seg)
+    groups = []
+    for key in np.unique(block[block >= 0]):
+        members = np.flatnonzero(block == key)
+        if len(members) > 1:
+            groups.append(_Block(members, x))
+    heap = []
+    for g, group in enumerate(groups):
+        cost, i, j = group.best()
+        heap.append((cost, int(group.members[i]), int(group.members[j]), g, group.version, i, j))
     heapq.heapify(heap)
     while merges and heap:
-        _, a, b, na, nb = heapq.heappop(heap)
-        if not (alive[a] and alive[b] and nxt[a] == b and size[a] == na and size[b] == nb):
-            continue  # stale: one side has merged since
-        sums[a] = sums[a] + sums[b]
-        size[a] += size[b]
-        alive[b] = False
-        nxt[a] = nxt[b]
-        if nxt[a] < n:
-            prv[nxt[a]] = a
+        cost, a, b, g, version, i, j = heapq.heappop(heap)
+        group = groups[g]
+        if version != group.version:
+            continue  # stale: this block has merged since
+        if not math.isfinite(cost):
+            continue  # nothing left to merge in this block
+        group.merge(i, j)
+        parent[b] = a
         merges -= 1
-        for left, right in ((prv[a], a), (a, nxt[a])):
-            if joinable(left, right):
-                heapq.heappush(heap, (_ward(sums[left], size[left], sums[right], size[right]),
-                                      left, right, size[left], size[right]))
-    return np.array([size[i] for i in range(n) if alive[i]], dtype=np.uint8)
+        cost, i, j = group.best()
+        if math.isfinite(cost):
+            heapq.heappush(heap, (cost, int(group.members[i]), int(group.members[j]), g, group.version, i, j))
+    root = parent
+    while True:  # (a cluster's id is its first token: parents point backwards, so this ends)
+        nxt = root[root]
+        if np.array_equal(nxt, root):
+            break
+        root = nxt
+    _, assignment = np.unique(root, return_inverse=True)  # numbered in first-token order
+    return assignment.astype(np.int64)
 
 
-def run_ids(runs) -> torch.Tensor:
-    """The pooled vector of each original token: ``[sum(runs)]`` (0, 0, 1, 2, 2, …)."""
-    runs = torch.as_tensor(np.asarray(runs, dtype=np.int64))
-    return torch.repeat_interleave(torch.arange(len(runs)), runs)
-
-
-def pool_by_runs(vectors: torch.Tensor, runs) -> torch.Tensor:
-    """Each run's normalised mean ``[len(runs), d]``; differentiable in ``vectors`` and on their
-    device (pooling-aware training backpropagates through it; the runs are chosen without gradient)."""
-    ids = run_ids(runs).to(vectors.device)
-    sums = torch.zeros((len(runs), vectors.shape[-1]), dtype=vectors.dtype, device=vectors.device)
+def pool_by_assignment(vectors: torch.Tensor, assignment) -> torch.Tensor:
+    """Each pooled vector's normalised mean ``[m, d]``; differentiable in ``vectors`` and on their device
+    (pooling-aware training backpropagates through it; the assignment is chosen without gradient)."""
+    assignment = np.asarray(assignment, dtype=np.int64)
+    m = int(assignment.max(initial=-1)) + 1  # on the host: no device sync
+    ids = torch.from_numpy(assignment).to(vectors.device)
+    sums = torch.zeros((m, vectors.shape[-1]), dtype=vectors.dtype, device=vectors.device)
     sums = sums.index_add(0, ids, vectors)
     return torch.nn.functional.normalize(sums, dim=-1)
 
 
-def pooled_offsets(offsets, runs) -> torch.Tensor:
+def pooled_offsets(offsets, assignment) -> torch.Tensor:
     """Characters of each pooled vector: from its first token's start to its last token's end."""
     offsets = torch.as_tensor(offsets, dtype=torch.long).reshape(-1, 2)
-    runs = np.asarray(runs, dtype=np.int64)
-    if int(runs.sum()) != offsets.shape[0]:
-        raise ValueError(f"the runs cover {int(runs.sum())} tokens, the offsets {offsets.shape[0]}")
-    ends = np.cumsum(runs)
-    first, last = torch.from_numpy(ends - runs), torch.from_numpy(ends - 1)
-    return torch.stack([offsets[first, 0], offsets[last, 1]], dim=1)
+    ids = torch.as_tensor(np.asarray(assignment, dtype=np.int64))
+    if ids.shape[0] != offsets.shape[0]:
+        raise ValueError(f"the assignment covers {ids.shape[0]} tokens, the offsets {offsets.shape[0]}")
+    m = int(ids.max()) + 1 if len(ids) else 0
+    start = torch.full((m,), torch.iinfo(torch.long).max, dtype=torch.long).scatter_reduce(
+        0, ids, offsets[:, 0], reduce="amin")
+    end = torch.zeros(m, dtype=torch.long).scatter_reduce(0, ids, offsets[:, 1], reduce="amax")
+    return torch.stack([start, end], dim=1)
+
+
+def encode_assignment(assignment) -> np.ndarray:
+    """One byte a token: 0 where the token starts a new vector, else 1 + how many vectors back from the
+    newest started so far its own vector is (1: the newest). Bounded by 255 (:data:`MAX_BLOCK`)."""
+    a = np.asarray(assignment, dtype=np.int64)
+    started = np.maximum.accumulate(a) if len(a) else a
+    new = np.concatenate([[True], a[1:] > started[:-1]]) if len(a) else a.astype(bool)
+    codes = np.where(new, 0, started - a + 1)
+    if len(codes) and codes.max() > 255:
+        raise ValueError("a token's vector is more than 255 vectors back")
+    return codes.astype(np.uint8)
+
+
+def decode_assignment(codes) -> np.ndarray:
+    """:func:`encode_assignment` undone: the vector of each token."""
+    c = np.asarray(codes, dtype=np.int64)
+    newest = np.cumsum(c == 0) - 1  # the newest vector started at or before each token
+    return np.where(c == 0, newest, newest - c + 1)
 
 
 def pool_passage(vectors: torch.Tensor, offsets: torch.Tensor, sentences: Sequence[Tuple[int, int]],
                  factor: float) -> Tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    """Pool one encoded passage: ``(vectors [m, d], offsets [m, 2], runs [m] uint8)``. ``sentences``:
+    """Pool one encoded passage: ``(vectors [m, d], offsets [m, 2], codes [n] uint8)``. ``sentences``:
     its sorted, disjoint character spans (what the index stores)."""
     from .spans import token_segments
 
@@ -139,17 +226,13 @@ def pool_passage(vectors: torch.Tensor, offsets: torch.Tensor, sentences: Sequen
         torch.full((offsets.shape[0],), -1, dtype=torch.long)
     # zero-width tokens (specials) overlap no span already; keep them out explicitly all the same
     segments = torch.where(offsets[:, 1] > offsets[:, 0], segments, torch.full_like(segments, -1))
-    runs = pool_runs(vectors.detach().float().cpu().numpy(), segments.numpy(), factor)
-    if len(runs) == offsets.shape[0]:
-        return vectors, offsets, runs
-    return pool_by_runs(vectors.float(), runs).to(vectors.dtype), pooled_offsets(offsets, runs), runs
+    assignment = pool_assignment(vectors.detach().float().cpu().numpy(), segments.numpy(), factor)
+    codes = encode_assignment(assignment)
+    if int(assignment.max(initial=-1)) + 1 == offsets.shape[0]:
+        return vectors, offsets, codes
+    return (pool_by_assignment(vectors.float(), assignment).to(vectors.dtype), pooled_offsets(offsets, assignment),
+            codes)
 
 
-def pool_many(vectors: Sequence[torch.Tensor], offsets: Sequence[torch.Tensor],
-              sentences: Sequence[Sequence[Tuple[int, int]]], factor: float) -> List[tuple]:
-    """:func:`pool_passage` of each passage."""
-    return [pool_passage(v, o, s, factor) for v, o, s in zip(vectors, offsets, sentences)]
-
-
-__all__ = ["MAX_FACTOR", "MAX_RUN", "check_pool_factor", "pool_by_runs", "pool_many", "pool_passage",
-           "pool_runs", "pooled_offsets", "run_ids"]
+__all__ = ["MAX_BLOCK", "MAX_FACTOR", "blocks", "check_pool_factor", "decode_assignment", "encode_assignment",
+           "pool_assignment", "pool_by_assignment", "pool_passage", "pooled_offsets", "ward_cost"]

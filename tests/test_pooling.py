@@ -17,34 +17,42 @@ from hypothesis import strategies as st
 from agrame.corpus import Passage
 from agrame.index import Index, PoolFactorError, build_index, read_manifest
 from agrame.index.store import Store
-from agrame.pooling import MAX_RUN, check_pool_factor, pool_by_runs, pool_runs, pooled_offsets
+from agrame.pooling import (MAX_BLOCK, blocks, check_pool_factor, decode_assignment, encode_assignment,
+                            pool_assignment, pool_by_assignment, pooled_offsets, ward_cost)
 from agrame.spans import span_token_mask
 from agrame_app.cli import main
 
 
-def naive_runs(x: np.ndarray, seg: np.ndarray, factor: float) -> list:
-    """Ward agglomeration by brute force: every step recomputes every adjacent pair's cost."""
-    clusters = [[i] for i in range(len(seg))]
+def naive_assignment(x: np.ndarray, seg: np.ndarray, factor: float) -> list:
+    """Ward agglomeration by brute force: every step recomputes the cost of every pair of clusters of
+    one block (a sentence's tokens, cut every MAX_BLOCK) and merges the cheapest (ties: smallest ids)."""
+    block = blocks(seg)
+    clusters = {i: [i] for i in range(len(seg))}
     inside = seg >= 0
     target = max(len(set(seg[inside].tolist())), math.ceil(int(inside.sum()) / factor)) if inside.any() else 0
     content = int(inside.sum())
     while content > target:
         best = None
-        for k in range(len(clusters) - 1):
-            a, b = clusters[k], clusters[k + 1]
-            if seg[a[0]] < 0 or seg[a[0]] != seg[b[0]] or len(a) + len(b) > MAX_RUN:
-                continue
-            na, nb = len(a), len(b)
-            diff = x[a].sum(0) / na - x[b].sum(0) / nb
-            cost = 0.5 * float(((x[a[0]] - x[b[0]]) ** 2).sum()) if na == nb == 1 else na * nb / (na + nb) * float(diff @ diff)
-            if best is None or cost < best[0]:
-                best = (cost, k)
+        ids = sorted(clusters)
+        for i, a in enumerate(ids):
+            for b in ids[i + 1:]:
+                if block[a] < 0 or block[a] != block[b]:
+                    continue
+                ca, cb = clusters[a], clusters[b]
+                cost = (0.5 * float(((x[a] - x[b]) ** 2).sum()) if len(ca) == len(cb) == 1
+                        else ward_cost(x[ca].sum(0), len(ca), x[cb].sum(0), len(cb)))
+                if best is None or (cost, a, b) < best:
+                    best = (cost, a, b)
         if best is None:
             break
-        k = best[1]
-        clusters[k:k + 2] = [clusters[k] + clusters[k + 1]]
+        _, a, b = best
+        clusters[a] = sorted(clusters[a] + clusters.pop(b))
         content -= 1
-    return [len(c) for c in clusters]
+    out = [0] * len(seg)
+    for k, first in enumerate(sorted(clusters)):
+        for t in clusters[first]:
+            out[t] = k
+    return out
 
 
 @st.composite
@@ -64,31 +72,47 @@ def passages_of_tokens(draw):
 
 @settings(max_examples=200, deadline=None)
 @given(passages_of_tokens())
-def test_pool_runs_equal_a_naive_ward_and_keep_every_sentence(case):
+def test_pooling_equals_a_naive_ward_and_keeps_every_sentence(case):
     x, seg, factor = case
-    runs = pool_runs(x, seg, factor)
-    assert runs.tolist() == naive_runs(x, seg, factor)
-    assert int(runs.sum()) == len(seg)
-    ends = np.cumsum(runs)
-    owners = [set(seg[e - r:e].tolist()) for r, e in zip(runs.tolist(), ends.tolist())]
+    assignment = pool_assignment(x, seg, factor)
+    assert assignment.tolist() == naive_assignment(x, seg, factor)
+    m = int(assignment.max()) + 1
+    owners = [set(seg[assignment == v].tolist()) for v in range(m)]
     assert all(len(o) == 1 for o in owners), "a vector pools tokens of two sentences"
-    assert all(r == 1 for r, o in zip(runs.tolist(), owners) if o == {-1}), "a protected token was pooled"
+    assert all((assignment == v).sum() == 1 for v, o in enumerate(owners) if o == {-1}), "a protected token was pooled"
     kept = {next(iter(o)) for o in owners}
     assert set(seg[seg >= 0].tolist()) <= kept, "a sentence lost every vector"
     content = sum(1 for o in owners if o != {-1})
     assert content == max(len(set(seg[seg >= 0].tolist())), math.ceil(int((seg >= 0).sum()) / factor))
+    firsts = [int(np.flatnonzero(assignment == v)[0]) for v in range(m)]
+    assert firsts == sorted(firsts), "vectors are numbered by their first token"
+    assert decode_assignment(encode_assignment(assignment)).tolist() == assignment.tolist()
 
 
-def test_pool_by_runs_is_the_normalised_mean_and_differentiable():
+def test_long_sentences_are_pooled_in_blocks_whose_codes_fit_a_byte():
+    rng = np.random.default_rng(0)
+    seg = np.array([-1] + [0] * 700 + [-1])
+    x = rng.normal(size=(len(seg), 4))
+    assignment = pool_assignment(x, seg, 16)
+    codes = encode_assignment(assignment)
+    assert codes.dtype == np.uint8 and decode_assignment(codes).tolist() == assignment.tolist()
+    assert int(assignment.max()) + 1 == 2 + math.ceil(700 / 16)
+    block = blocks(seg)
+    assert len(set(block[1:-1].tolist())) == math.ceil(700 / MAX_BLOCK)
+    assert all(len(set(block[assignment == v].tolist())) == 1 for v in range(int(assignment.max()) + 1))
+
+
+def test_pool_by_assignment_is_the_normalised_mean_and_differentiable():
     x = torch.randn(7, 5, requires_grad=True)
-    runs = np.array([1, 3, 2, 1], dtype=np.uint8)
-    out = pool_by_runs(x, runs)
-    want = torch.stack([x[0], x[1:4].mean(0), x[4:6].mean(0), x[6]])
+    assignment = np.array([0, 1, 2, 1, 3, 2, 4])
+    out = pool_by_assignment(x, assignment)
+    want = torch.stack([x[0], x[[1, 3]].mean(0), x[[2, 5]].mean(0), x[4], x[6]])
     assert torch.allclose(out, torch.nn.functional.normalize(want, dim=-1), atol=1e-6)
     out.sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
     offsets = torch.tensor([[0, 0], [0, 3], [4, 6], [6, 9], [10, 12], [12, 13], [0, 0]])
-    assert pooled_offsets(offsets, runs).tolist() == [[0, 0], [0, 9], [10, 13], [0, 0]]
+    assert pooled_offsets(offsets, assignment).tolist() == [[0, 0], [0, 9], [4, 13], [10, 12], [0, 0]]
+    assert encode_assignment(assignment).tolist() == [0, 0, 0, 2, 0, 2, 0]  # 1: the newest vector, 2: one before
 
 
 @pytest.mark.parametrize("bad", ["0", "0.5", "-2", "two", "nan", "inf", "17", "", True, None])
@@ -143,9 +167,10 @@ def test_pooled_offsets_from_the_tokenizer_equal_stored_ones(tmp_path, long_enco
     full = long_encoder.encode_passages([p.text for p in passages])
     assert recomputed.num_tokens < sum(len(e.offsets) for e in full)
     # each pooled vector covers one run of tokens: its characters are from the first's start to the last's end
-    runs = np.asarray(Store(tmp_path / "tok").runs)
-    assert int(runs.sum()) == sum(len(e.offsets) for e in full)
-    assert torch.equal(recomputed.offsets, pooled_offsets(torch.cat([e.offsets for e in full]), runs))
+    store = Store(tmp_path / "tok")
+    assert len(store.pool_codes) == sum(len(e.offsets) for e in full) == int(store.origlens.sum())
+    assignments = [decode_assignment(store.pool_codes[store.orig_starts[p]:store.orig_starts[p + 1]]) for p in (0, 1)]
+    assert torch.equal(recomputed.offsets, torch.cat([pooled_offsets(e.offsets, a) for e, a in zip(full, assignments)]))
     # the one-word sentence "A." keeps its own vector
     b = recomputed.passage_tokens(1)
     assert ((recomputed.offsets[b, 0] == 0) & (recomputed.offsets[b, 1] >= 1) & (recomputed.offsets[b, 1] <= 2)).any()
@@ -185,11 +210,11 @@ def test_add_upsert_compact_keep_the_factor(tmp_path, long_encoder):
     manifest = read_manifest(path)
     assert manifest["pool_factor"] == 2 and "tombstones" not in manifest
     store = index.store
-    assert int(np.asarray(store.runs).sum()) == manifest["num_original_tokens"]
+    assert len(store.pool_codes) == int(store.origlens.sum()) == manifest["num_original_tokens"]
     rebuilt = tmp_path / "rebuilt"
     live = [Passage(r["id"], r["text"]) for r in (store.record(int(p)) for p in store.live_positions())]
     build_index(long_encoder, live, rebuilt, pool_factor=2, progress=False, codec=store.codec)
-    assert np.array_equal(np.asarray(Store(rebuilt).runs), np.asarray(store.runs))
+    assert np.array_equal(np.asarray(Store(rebuilt).pool_codes), np.asarray(store.pool_codes))
     # a compacted pooled index answers as a fresh pooled build of its live passages
     ours = index.search("reef recovered", granularity="sentence", top_k=None, exact=True)
     fresh = Index(rebuilt, model=long_encoder).search("reef recovered", granularity="sentence", top_k=None, exact=True)
@@ -227,7 +252,7 @@ def test_an_index_from_before_pooling_opens_as_factor_one(tmp_path, capsys):
     ix = tmp_path / "old"
     shutil.copytree(LEGACY_ZERO_SHOT, ix)
     assert "pool_factor" not in read_manifest(ix)
-    assert Store(ix).pool_factor == 1 and Store(ix).runs is None
+    assert Store(ix).pool_factor == 1 and Store(ix).pool_codes is None
     extra = tmp_path / "extra.jsonl"
     extra.write_text(json.dumps({"id": "new", "text": "Sea grass meadows store carbon."}) + "\n")
     assert main(["index", "--add", "-p", str(extra), "-i", str(ix), "--pool-factor", "2"]) == 2
@@ -263,7 +288,7 @@ def test_a_pooling_student_scores_what_a_pooled_index_would(marked_encoder, fact
             assert float(sentence[b, p, s]) == pytest.approx(hit.span_score, abs=1e-4)
 
 
-def test_a_pooled_corpus_holds_the_runs_a_pooled_index_stores(tmp_path, long_encoder):
+def test_a_pooled_corpus_holds_the_vectors_a_pooled_index_stores(tmp_path, long_encoder):
     from agrame.ranker import Ranker
 
     passages = [Passage("a", "Coral reefs bleach in warm water. Fish leave. Storms break the reef apart."),
@@ -277,7 +302,7 @@ def test_a_pooled_corpus_holds_the_runs_a_pooled_index_stores(tmp_path, long_enc
 
 
 def test_a_pooling_student_step_keeps_every_tensor_on_the_encoders_device(make_tiny_encoder, monkeypatch):
-    # The meta device has no values to cluster: the host copy the runs are chosen on is stood in for by
+    # The meta device has no values to cluster: the host copy the clusters are chosen on is stood in for by
     # random values of its shape; everything else (the means, the masks, the loss, backward) runs under
     # the mode that refuses an operation mixing devices.
     import training.student as student

@@ -85,7 +85,8 @@ def test_a_pooled_ray_build_equals_the_local_pooled_build(ray_cluster, tmp_path,
     for s in range(2):
         local, ray = tmp_path / "local" / f"shard-{s:03d}", tmp_path / "ray" / f"shard-{s:03d}"
         _same_store(local, ray)
-        assert (local / "pool.bin").read_bytes() == (ray / "pool.bin").read_bytes()
+        for name in ("pool.bin", "origlens.bin"):
+            assert (local / name).read_bytes() == (ray / name).read_bytes()
         manifest = read_manifest(ray)
         assert manifest["pool_factor"] == 2 and manifest["num_tokens"] < manifest["num_original_tokens"]
 

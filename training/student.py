@@ -273,17 +273,17 @@ class StudentScorer(nn.Module):
 
 
 def _host(vectors: torch.Tensor) -> torch.Tensor:
-    """The values pooling clusters on, on the host (one copy a step)."""
+    """The values pooling clusters on, on the host (one copy a step)."""  # (a test stands in on the meta device)
     return vectors.detach().float().cpu()
 
 
 def pool_padded(docs: torch.Tensor, doc_mask: torch.Tensor, seg_ids: torch.Tensor,
                 factor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Padded passages ``[B, P, W, d]`` on any device (``doc_mask``, ``seg_ids``: ``[B, P, W]`` on the
-    host) pooled as an index pools them (:func:`agrame.pooling.pool_runs` over each passage's scored
+    host) pooled as an index pools them (:func:`agrame.pooling.pool_assignment` over each passage's scored
     tokens, each run's normalised mean): ``[B, P, W', d]`` on ``docs``' device, its mask and sentence ids
     on the host. The runs are chosen on the host without gradient; the means are differentiable."""
-    from agrame.pooling import pool_by_runs, pool_runs
+    from agrame.pooling import pool_assignment, pool_by_assignment
 
     b, n_p, width, dim = docs.shape
     flat = docs.reshape(b * n_p, width, dim)
@@ -292,10 +292,11 @@ def pool_padded(docs: torch.Tensor, doc_mask: torch.Tensor, seg_ids: torch.Tenso
     pooled, sentences = [], []
     for i in range(b * n_p):
         keep = host_mask[i].nonzero().flatten()
-        runs = pool_runs(host_vec[i, keep].numpy(), host_seg[i, keep].numpy(), factor)
-        pooled.append(pool_by_runs(flat[i, keep.to(docs.device)], runs).to(docs.dtype))
-        first = torch.from_numpy(np.cumsum(runs, dtype=np.int64) - runs.astype(np.int64))
-        sentences.append(host_seg[i, keep][first])
+        assignment = pool_assignment(host_vec[i, keep].numpy(), host_seg[i, keep].numpy(), factor)
+        first = np.full(int(assignment.max(initial=-1)) + 1, len(assignment), dtype=np.int64)
+        np.minimum.at(first, assignment, np.arange(len(assignment)))
+        pooled.append(pool_by_assignment(flat[i, keep.to(docs.device)], assignment).to(docs.dtype))
+        sentences.append(host_seg[i, keep][torch.from_numpy(first)])
     out = nn.utils.rnn.pad_sequence(pooled, batch_first=True)  # differentiable: zeros past each passage
     new_width = out.shape[1]
     new_mask = torch.zeros((b * n_p, new_width), dtype=torch.bool)

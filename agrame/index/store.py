@@ -16,8 +16,10 @@ Files (raw little-endian arrays, all append-only except the per-generation inver
 ``sentences.bin``      ``[S, 2]`` int32 character spans of the sentences, passage by passage
 ``passages.jsonl``     ``{"id", "text", "spans"?}`` per passage (text excluded from size targets)
 ``passage_offsets.bin`` ``[N]`` int64 byte offset of each passage's line (random access to hits)
-``pool.bin``           in a pooled index (``"pool_factor"`` > 1): ``[T]`` uint8, the tokens each stored
-                       vector pools, in order (:mod:`agrame.pooling`; the vectors' offsets follow from them)
+``pool.bin``           in a pooled index (``"pool_factor"`` > 1): one byte per *original* token, which
+                       stored vector it went to (:func:`agrame.pooling.encode_assignment`; with the
+                       tokenizer's offsets it gives the vectors' offsets back)
+``origlens.bin``       in a pooled index: ``[N]`` int32 original tokens per passage
 ``ivf-G.offsets.bin``  ``[K+1]`` int64 CSR starts; ``ivf-G.pids.bin``: int32 passages per centroid
 =====================  ==========================================================
 
@@ -47,7 +49,7 @@ import numpy as np
 from .. import __version__
 from ..corpus import EncodedCorpus, Passage
 from ..encoder import EncodedPassage, Encoder
-from ..pooling import check_pool_factor, pool_passage, pooled_offsets
+from ..pooling import check_pool_factor, decode_assignment, pool_passage, pooled_offsets
 from ..spans import normalize_span, sorted_token_segments, split_sentences
 from .codec import CompressedVectors, ResidualCodec, num_centroids
 from .format import (FORMAT_V2, MANIFEST, IndexDamagedError, IndexFolderError, check_files, crc32_file, ivf_generation, writing,
@@ -59,13 +61,14 @@ TOKEN_DTYPE = np.dtype([("start", "<i4"), ("length", "<u2")])
 TOKENS_FILE = "tokens.bin"
 SENTENCE_TOKENS_FILE = "sentence_tokens.bin"
 POOL_FILE = "pool.bin"
+ORIGLENS_FILE = "origlens.bin"
 APPEND_FILES = ("codes.bin", "residuals.bin", "doclens.bin", "sentcounts.bin", "sentences.bin",
                 "passages.jsonl", "passage_offsets.bin")
 
 
 def append_files(store_offsets: bool, pooled: bool = False) -> Tuple[str, ...]:
     return APPEND_FILES + ((TOKENS_FILE,) if store_offsets else (SENTENCE_TOKENS_FILE,)) + \
-        ((POOL_FILE,) if pooled else ())
+        ((POOL_FILE, ORIGLENS_FILE) if pooled else ())
 
 
 def default_pool_factor(encoder, given=None):
@@ -164,7 +167,8 @@ class CompressedBlock(NamedTuple):
     sentences: np.ndarray
     lines: List[bytes]  # passages.jsonl records
     has_spans: bool
-    runs: Optional[np.ndarray] = None  # pool.bin rows (tokens per vector) of a pooled index
+    codes_per_token: Optional[np.ndarray] = None  # pool.bin rows of a pooled index (one per original token)
+    origlens: Optional[np.ndarray] = None  # origlens.bin rows (original tokens per passage)
 
 
 def compress_block(codec: ResidualCodec, passages: Sequence[Passage], encoded: Sequence[EncodedPassage],
@@ -176,11 +180,12 @@ def compress_block(codec: ResidualCodec, passages: Sequence[Passage], encoded: S
     for p, sp in zip(passages, spans):
         if any(b[0] < a[1] for a, b in zip(sp, sp[1:])):
             raise ValueError(f"passage {p.id!r}: sentence spans must be in order and disjoint")
-    runs = None
+    assigned = origlens = None
     if pool_factor != 1:
         pooled = [pool_passage(e.vectors, e.offsets, sp, pool_factor) for e, sp in zip(encoded, spans)]
+        origlens = np.array([len(e.offsets) for e in encoded], dtype=np.int32)
         encoded = [EncodedPassage(v, o) for v, o, _ in pooled]
-        runs = np.concatenate([r for _, _, r in pooled]) if pooled else np.zeros(0, np.uint8)
+        assigned = np.concatenate([c for _, _, c in pooled]) if pooled else np.zeros(0, np.uint8)
     vectors = np.concatenate([e.vectors.numpy() for e in encoded]) if encoded else np.zeros((0, codec.dim))
     codes, residuals = codec.compress(vectors)
     doclens = np.array([len(e.offsets) for e in encoded], dtype=np.int32)
@@ -195,7 +200,7 @@ def compress_block(codec: ResidualCodec, passages: Sequence[Passage], encoded: S
             record["spans"] = [[list(piece) for piece in normalize_span(s, len(p.text))] for s in p.spans]
         lines.append((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
     return CompressedBlock(codes, np.ascontiguousarray(residuals), rows, doclens, sentcounts, flat, lines, has_spans,
-                           runs)
+                           assigned, origlens)
 
 
 class _ChunkWriter:
@@ -228,12 +233,13 @@ class _ChunkWriter:
         n = len(block.doclens)
         pids = np.repeat(np.arange(self.next_pid, self.next_pid + n, dtype=np.int64), block.doclens)
         self.pairs.append(unique_pairs(block.codes, pids))
-        if (block.runs is not None) != self.out.pooled:
+        if (block.codes_per_token is not None) != self.out.pooled:
             raise IndexFolderError("a pooled block for an unpooled store, or the other way round")
         self.out.write("codes.bin", block.codes.tobytes())
         self.out.write("residuals.bin", block.residuals.tobytes())
-        if block.runs is not None:
-            self.out.write(POOL_FILE, block.runs.astype(np.uint8).tobytes())
+        if block.codes_per_token is not None:
+            self.out.write(POOL_FILE, block.codes_per_token.astype(np.uint8).tobytes())
+            self.out.write(ORIGLENS_FILE, block.origlens.astype("<i4").tobytes())
         self.out.write(TOKENS_FILE if self.out.store_offsets else SENTENCE_TOKENS_FILE, block.token_rows.tobytes())
         self.out.write("doclens.bin", block.doclens.tobytes())
         self.out.write("sentcounts.bin", block.sentcounts.tobytes())
@@ -243,7 +249,7 @@ class _ChunkWriter:
         self.has_spans = self.has_spans or block.has_spans
         self.next_pid += n
         self.tokens += int(block.doclens.sum())
-        self.original_tokens += int(block.doclens.sum()) if block.runs is None else int(block.runs.sum(dtype=np.int64))
+        self.original_tokens += int(block.doclens.sum()) if block.origlens is None else int(block.origlens.sum())
         self.sentences += int(block.sentcounts.sum())
 
 
@@ -597,7 +603,11 @@ class Store:
             self.sentence_tokens = None if offsets_stored(m) else \
                 self._map(SENTENCE_TOKENS_FILE, np.int32, (m["num_sentences"], 2))
             self.pool_factor = pool_factor(m)
-            self.runs = self._map(POOL_FILE, np.uint8, (T,)) if self.pool_factor != 1 else None
+            self.pool_codes = self.origlens = None  # (a pooled index's: which vector each original token went to)
+            if self.pool_factor != 1:
+                self.pool_codes = self._map(POOL_FILE, np.uint8, (int(m["num_original_tokens"]),))
+                self.origlens = np.fromfile(self.root / ORIGLENS_FILE, dtype="<i4", count=N).astype(np.int64)
+                self.orig_starts = np.concatenate([[0], np.cumsum(self.origlens)])
             self.doclens = np.fromfile(self.root / "doclens.bin", dtype="<i4", count=N).astype(np.int64)
             self.sentcounts = np.fromfile(self.root / "sentcounts.bin", dtype="<i4", count=N).astype(np.int64)
             self.sentences = np.fromfile(self.root / "sentences.bin", dtype="<i4",
@@ -869,15 +879,18 @@ class Store:
                                    "open it with the model (Index(path, model=…))")
         parts = self.tokenize([r["text"] for r in records])
         for k, (p, r, part) in enumerate(zip(pids.tolist(), records, parts)):
-            runs = None if self.runs is None else self.runs[self.starts[p]:self.starts[p + 1]]
-            pooled = self.doclens[p] if runs is None else int(runs.sum(dtype=np.int64))
-            if len(part) != pooled:
-                raise IndexFolderError(f"index {self.path}: passage {r['id']!r} has {pooled} token "
-                                       f"vectors{'' if runs is None else ' before pooling'} but the model's "
-                                       f"tokenizer gives {len(part)} tokens "
+            tokens = self.doclens[p] if self.pool_codes is None else self.origlens[p]
+            if len(part) != tokens:
+                raise IndexFolderError(f"index {self.path}: passage {r['id']!r} has {tokens} token "
+                                       f"vectors{'' if self.pool_codes is None else ' before pooling'} but the "
+                                       f"model's tokenizer gives {len(part)} tokens "
                                        "(a damaged index, or another model's tokenizer)")
-            if runs is not None:
-                parts[k] = pooled_offsets(part, runs)
+            if self.pool_codes is not None:
+                assignment = decode_assignment(self.pool_codes[self.orig_starts[p]:self.orig_starts[p + 1]])
+                if len(assignment) and (assignment.min() < 0 or assignment.max() + 1 != self.doclens[p]):
+                    raise IndexFolderError(f"index {self.path} is damaged: {POOL_FILE} of passage {r['id']!r} "
+                                           f"does not give its {self.doclens[p]} vectors")
+                parts[k] = pooled_offsets(part, assignment)
         return torch.cat(parts) if parts else torch.zeros((0, 2), dtype=torch.long)
 
     def bytes(self, include_text: bool = False) -> int:

@@ -44,7 +44,7 @@ from .codec import ResidualCodec
 from .ivf import _ranges, build_ivf, merge_ivf, unique_pairs
 from .lock import LOCK_FILE, WriterLock, build_lock, pid_alive
 from .metadata import DIGEST_FIELD, METADATA_FILE, MetadataDB, add_digests, validate_metadata
-from .store import (APPEND_FILES, POOL_FILE, SENTENCE_TOKENS_FILE, TOKENS_FILE, Store, _Appender, _ChunkWriter,
+from .store import (APPEND_FILES, ORIGLENS_FILE, POOL_FILE, SENTENCE_TOKENS_FILE, TOKENS_FILE, Store, _Appender, _ChunkWriter,
                     _codec_files, _encode_chunks, _ivf_files, _write_fixed, append_files, default_pool_factor,
                     offsets_stored, pool_factor,
                     write_store)
@@ -63,7 +63,7 @@ BUILD_MARKER = ".agrame-build"
 _EPOCH = re.compile(r"s(\d+)")
 _SHARD = re.compile(r"shard-\d{3,6}")
 _OURS = re.compile(r"(ivf-\d+\.(offsets|pids)\.bin|deleted-\d+\.bin|meta\.sqlite(-wal|-shm|-journal)?|"
-                   r"centroids\.f16|buckets\.f32|tokens\.bin|sentence_tokens\.bin|pool\.bin|"
+                   r"centroids\.f16|buckets\.f32|tokens\.bin|sentence_tokens\.bin|pool\.bin|origlens\.bin|"
                    # format-1 files (an index rebuilt in place as format 2 drops them)
                    r"vectors\.f16|offsets\.npy|token_sentence\.npy|passage_starts\.npy|sentences\.npy|"
                    r"sentence_passage\.npy)")
@@ -701,7 +701,7 @@ class IndexWriter:
             live = store.live_positions()
             files: Dict[str, dict] = {}
             _codec_files(folder, store.codec, files)
-            stored, pooled = offsets_stored(manifest), store.runs is not None
+            stored, pooled = offsets_stored(manifest), store.pool_codes is not None
             out = _Appender(folder, files, stored, pooled=pooled)
             pairs, tokens, sentences, original = [], 0, 0, 0
             try:
@@ -712,9 +712,10 @@ class IndexWriter:
                     out.write("codes.bin", codes.tobytes())
                     out.write("residuals.bin", np.ascontiguousarray(store.residuals[rows]).tobytes())
                     if pooled:
-                        runs = np.ascontiguousarray(store.runs[rows])
-                        out.write(POOL_FILE, runs.tobytes())
-                        original += int(runs.sum(dtype=np.int64))
+                        out.write(POOL_FILE, np.ascontiguousarray(
+                            store.pool_codes[_ranges(store.orig_starts[part], store.origlens[part])]).tobytes())
+                        out.write(ORIGLENS_FILE, store.origlens[part].astype("<i4").tobytes())
+                        original += int(store.origlens[part].sum())
                     sent_rows = _ranges(store.sent_starts[part], store.sentcounts[part])
                     if stored:
                         out.write(TOKENS_FILE, np.ascontiguousarray(store.tokens[rows]).tobytes())
