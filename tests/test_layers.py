@@ -172,3 +172,15 @@ def test_the_product_stands_alone():
                    if target.split(".")[0] in ("benchmarks", "training")
                    or (name.startswith("agrame.") or name == "agrame") and target.split(".")[0] in ("agrame_app", "propcite"))
     assert wrong == []
+
+
+def test_the_front_ends_are_made_of_small_functions():
+    # issue 54: the app factory wires routers to one service; no function of agrame_app over 80 lines
+    long = []
+    for path in sorted((REPO / "agrame_app").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > 80 or (node.name == "create_app" and length > 60):
+                    long.append(f"{path.relative_to(REPO)}:{node.name} ({length} lines)")
+    assert long == []

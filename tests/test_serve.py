@@ -177,3 +177,45 @@ def test_serve_load_write_phase_on_a_real_server(tmp_path, tiny_encoder, tiny_mo
     assert result["errors"] == 0 and result["write_errors"] == 0 and result["mixed"] == 0
     assert result["lost"] == 0 and result["returned_after_delete"] == 0
     assert result["readers_returned_after_delete"] == 0 and result["responses_checked_against_known_generation"] > 0
+
+
+def test_serve_opens_its_index_once_and_reads_its_manifest_once_per_open(tmp_path, tiny_model_dir, coral_file,
+                                                                         monkeypatch):
+    # A spy on every name the manifest reader is imported under: serving a folder opens it once (its
+    # model is the server's), and a newer generation committed beside the server is opened with one more.
+    import sys
+
+    from fastapi.testclient import TestClient
+
+    import agrame.index.format as format_module
+    from agrame.index import build_index
+    from agrame.io import read_passages
+    from agrame.loading import load_encoder
+    from agrame_app.serve import create_app
+
+    encoder = load_encoder(str(tiny_model_dir))
+    build_index(encoder, read_passages(str(coral_file)), tmp_path / "ix", progress=False)
+    original, calls = format_module.read_manifest, []
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "read_manifest", None) is original:
+            monkeypatch.setattr(module, "read_manifest", spy)
+    app = create_app(str(tmp_path / "ix"), str(tiny_model_dir))
+    assert len(calls) == 1
+    client = TestClient(app)
+    assert client.post("/search", json={"query": "coral", "top_k": 2}).status_code == 200
+    assert len(calls) == 1  # a request reads no manifest (two stat calls tell a new generation)
+    from agrame.index import Index
+
+    with monkeypatch.context() as m:  # a writer beside the server (its own reads are not the server's)
+        m.setattr(format_module, "read_manifest", original)
+        for module in list(sys.modules.values()):
+            if getattr(module, "read_manifest", None) is spy:
+                m.setattr(module, "read_manifest", original)
+        Index(tmp_path / "ix", model=encoder).delete(["coral-reefs"])
+    assert client.post("/search", json={"query": "coral", "top_k": 2}).json()["generation"] > 1
+    assert len(calls) == 2
