@@ -25,7 +25,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, TextIO, Tuple
 
 from .io import loads_json
 from .ranker import ScoredSpan
@@ -188,28 +188,40 @@ def _columns(path: str | Path, count: int, layout: str) -> Iterable[Tuple[int, L
             yield n, cols
 
 
+def _read_table(path: str | Path, count: int, layout: str, value, kind: str) -> Dict[str, Dict[str, Any]]:
+    """``{qid: {docid: value(columns)}}`` of a run or qrels file; ``value`` raises ValueError (the line's
+    problem) on a bad line."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for n, cols in _columns(path, count, layout):
+        try:
+            out.setdefault(cols[0], {})[cols[2]] = value(cols)
+        except ValueError as exc:
+            raise RunFileError(f"{path}:{n}: {exc}") from None
+    if not out:
+        raise RunFileError(f"{path}: no {kind} lines")
+    return out
+
+
+def _run_score(cols: List[str]) -> float:
+    try:
+        int(cols[3])
+        return float(cols[4])
+    except ValueError:
+        raise ValueError(f"rank {cols[3]!r} / score {cols[4]!r} are not numbers") from None
+
+
+def _relevance(cols: List[str]) -> int:
+    try:
+        return int(cols[3])
+    except ValueError:
+        raise ValueError(f"relevance {cols[3]!r} is not an integer") from None
+
+
 def read_run(path: str | Path) -> Dict[str, Dict[str, float]]:
     """``{qid: {docid: score}}`` of a TREC run file."""
-    run: Dict[str, Dict[str, float]] = {}
-    for n, (qid, _, doc, rank, score, _) in _columns(path, 6, "qid Q0 docid rank score tag"):
-        try:
-            int(rank)
-            run.setdefault(qid, {})[doc] = float(score)
-        except ValueError:
-            raise RunFileError(f"{path}:{n}: rank {rank!r} / score {score!r} are not numbers") from None
-    if not run:
-        raise RunFileError(f"{path}: no run lines")
-    return run
+    return _read_table(path, 6, "qid Q0 docid rank score tag", _run_score, "run")
 
 
 def read_qrels(path: str | Path) -> Dict[str, Dict[str, int]]:
     """``{qid: {docid: relevance}}`` of a TREC qrels file."""
-    qrels: Dict[str, Dict[str, int]] = {}
-    for n, (qid, _, doc, rel) in _columns(path, 4, "qid 0 docid relevance"):
-        try:
-            qrels.setdefault(qid, {})[doc] = int(rel)
-        except ValueError:
-            raise RunFileError(f"{path}:{n}: relevance {rel!r} is not an integer") from None
-    if not qrels:
-        raise RunFileError(f"{path}: no qrels lines")
-    return qrels
+    return _read_table(path, 4, "qid 0 docid relevance", _relevance, "qrels")

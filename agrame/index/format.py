@@ -318,21 +318,27 @@ def ivf_generation(manifest: dict) -> int:
     return int(manifest.get("ivf_generation", manifest["generation"]))
 
 
-def write_manifest(folder: Path, manifest: dict) -> None:
-    """Commit a manifest with its checksum: temporary name, fsync, rename (readers see the old or the
-    new one), then fsync of the folder so that the rename itself is durable."""
-    manifest = {k: v for k, v in manifest.items() if k != "checksum"}
-    manifest["checksum"] = manifest_checksum(manifest)
-    tmp = folder / f".{MANIFEST}.tmp-{os.getpid()}"
+def replace_file(folder: Path, name: str, data: bytes) -> None:
+    """Write ``folder/name`` whole: a temporary name, fsync, one rename (readers see the old file or the
+    new one, never a part); a failed write leaves no temporary file."""
+    tmp = folder / f".{name}.tmp-{os.getpid()}"
     try:
-        with writing(MANIFEST), open(tmp, "w") as f:
-            f.write(json.dumps(manifest, indent=2) + "\n")
+        with writing(name), open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    os.replace(tmp, folder / MANIFEST)
+    os.replace(tmp, folder / name)
+
+
+def write_manifest(folder: Path, manifest: dict) -> None:
+    """Commit a manifest with its checksum (:func:`replace_file`), then fsync of the folder so that the
+    rename itself is durable."""
+    manifest = {k: v for k, v in manifest.items() if k != "checksum"}
+    manifest["checksum"] = manifest_checksum(manifest)
+    replace_file(folder, MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -52,8 +52,8 @@ from ..encoder import EncodedPassage, Encoder
 from ..pooling import check_pool_factor, decode_assignment, pool_passage, pooled_offsets
 from ..spans import normalize_span, sorted_token_segments, split_sentences
 from .codec import CompressedVectors, ResidualCodec, num_centroids
-from .format import (FORMAT_V2, MANIFEST, IndexDamagedError, IndexFolderError, check_files, crc32_file, ivf_generation, writing,
-                     model_block, read_manifest, store_root)
+from .format import (FORMAT_V2, MANIFEST, IndexDamagedError, IndexFolderError, check_files, crc32_file, ivf_generation,
+                     model_block, read_manifest, replace_file, store_root, writing)
 from .ivf import InvertedFile, _ranges, build_ivf, unique_pairs
 from .metadata import DIGEST_FIELD, METADATA_FILE, MetadataDB
 
@@ -138,16 +138,7 @@ class _Appender:
 def _write_fixed(folder: Path, name: str, data: bytes, files: Dict[str, dict]) -> None:
     import zlib
 
-    tmp = folder / f".{name}.tmp-{os.getpid()}"
-    try:
-        with writing(name), open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, folder / name)
+    replace_file(folder, name, data)
     files[name] = {"size": len(data), "crc32": zlib.crc32(data)}
 
 

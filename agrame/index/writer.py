@@ -565,11 +565,7 @@ class IndexWriter:
         holds vectors of one factor, :mod:`agrame.pooling`)."""
         if pool_factor is not None:
             pool_factor = check_pool_factor(pool_factor)
-        passages = check_passages(passages)
-        if not passages:
-            raise IndexFolderError("no passages given")
-        if sentences is not None and len(sentences) != len(passages):
-            raise ValueError(f"sentences: {len(sentences)} lists for {len(passages)} passages")
+        passages = _given(passages, sentences, "no passages given")
         manifest, store = self._current()
         try:
             check_model(manifest, encoder, self.path)
@@ -798,11 +794,7 @@ def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | 
     the new index. A folder that is not an index is never replaced.
     """
     path = Path(path)
-    passages = check_passages(passages)
-    if not passages:
-        raise IndexFolderError("no passages to index")
-    if sentences is not None and len(sentences) != len(passages):
-        raise ValueError(f"sentences: {len(sentences)} lists for {len(passages)} passages")
+    passages = _given(passages, sentences, "no passages to index")
     options = dict(nbits=nbits, batch_size=batch_size, chunk_passages=chunk_passages, progress=progress,
                    sentences=sentences, codec=codec, encoded=encoded, seed=seed, store_offsets=store_offsets,
                    pool_factor=default_pool_factor(encoder, pool_factor))
@@ -821,6 +813,16 @@ def add_passages(path: str | Path, encoder: Encoder, passages: Sequence[Passage]
     with IndexWriter(path, lock_timeout=lock_timeout) as writer:
         return writer.add(encoder, passages, batch_size=batch_size, chunk_passages=chunk_passages,
                           progress=progress, sentences=sentences, pool_factor=pool_factor)
+
+
+def _given(passages, sentences, when_none: str) -> List[Passage]:
+    """Passages checked (:func:`check_passages`), at least one, with one sentence list each if given."""
+    passages = check_passages(passages)
+    if not passages:
+        raise IndexFolderError(when_none)
+    if sentences is not None and len(sentences) != len(passages):
+        raise ValueError(f"sentences: {len(sentences)} lists for {len(passages)} passages")
+    return passages
 
 
 def _folder_bytes(path: Path) -> int:
