@@ -71,6 +71,9 @@ class EncodedCorpus:
     sentence_passage: torch.Tensor  # [S] passage index of each sentence
     passage_starts: torch.Tensor  # [N + 1] token offsets of each passage in the flat arrays
     spans: Dict[str, Tuple[SpanLike, ...]] = field(default_factory=dict)  # passages' own spans
+    #: Pooled passages (:mod:`agrame.pooling`): passage index → (original tokens' offsets [n, 2], the
+    #: passage-local vector of each original token [n]) — what spans are told by.
+    pool_members: Dict[int, Tuple[torch.Tensor, np.ndarray]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -81,6 +84,18 @@ class EncodedCorpus:
 
     def passage_tokens(self, p: int) -> slice:
         return slice(int(self.passage_starts[p]), int(self.passage_starts[p + 1]))
+
+    def span_mask(self, p: int, spans: Sequence[SpanLike]) -> torch.Tensor:
+        """``[len(spans), n_p]``: passage ``p``'s vectors that each span holds (a pooled passage's: by
+        their tokens, :func:`agrame.pooling.member_span_mask`; else by their characters)."""
+        if p in self.pool_members:
+            from .pooling import member_span_mask
+
+            member_offsets, assignment = self.pool_members[p]
+            return member_span_mask(member_offsets, assignment, spans)
+        from .spans import span_token_mask
+
+        return span_token_mask(self.offsets[self.passage_tokens(p)], spans)
 
     def select(self, indices: Sequence[int]) -> "EncodedCorpus":
         """A new corpus of the given passages, in the given order (e.g. first-stage candidates).
@@ -118,6 +133,7 @@ class EncodedCorpus:
                 torch.arange(len(idx)), torch.tensor([len(r) for r in sentence_rows], dtype=torch.long)),
             passage_starts=torch.tensor(new_starts, dtype=torch.long),
             spans={self.ids[p]: self.spans[self.ids[p]] for p in idx if self.ids[p] in self.spans},
+            pool_members={k: self.pool_members[p] for k, p in enumerate(idx) if p in self.pool_members},
         )
 
     def pooled(self, factor) -> "EncodedCorpus":
@@ -129,7 +145,7 @@ class EncodedCorpus:
         factor = check_pool_factor(factor)
         if factor == 1:
             return self
-        vectors, offsets, token_sentence, starts = [], [], [], [0]
+        vectors, offsets, token_sentence, starts, members = [], [], [], [0], {}
         for p in range(len(self)):
             sl = self.passage_tokens(p)
             vec = self.vectors[sl]
@@ -144,6 +160,7 @@ class EncodedCorpus:
             offsets.append(pooled_offsets(self.offsets[sl], assignment))
             token_sentence.append(self.token_sentence[sl][torch.from_numpy(first)])
             starts.append(starts[-1] + m)
+            members[p] = (self.offsets[sl], assignment)
         passage_starts = torch.tensor(starts, dtype=torch.long)
         return EncodedCorpus(
             ids=list(self.ids), texts=list(self.texts),
@@ -152,7 +169,7 @@ class EncodedCorpus:
             token_passage=torch.repeat_interleave(torch.arange(len(self)), passage_starts.diff()),
             token_sentence=torch.cat(token_sentence) if token_sentence else self.token_sentence[:0],
             sentences=self.sentences, sentence_passage=self.sentence_passage, passage_starts=passage_starts,
-            spans=dict(self.spans))
+            spans=dict(self.spans), pool_members=members)
 
     @classmethod
     def concat(cls, parts: Sequence["EncodedCorpus"]) -> "EncodedCorpus":
@@ -171,14 +188,18 @@ class EncodedCorpus:
         vectors = [torch.from_numpy(np.asarray(p.vectors)) if isinstance(p.vectors, np.ndarray) else p.vectors
                    for p in parts]
         spans: Dict[str, Tuple[SpanLike, ...]] = {}
+        members: Dict[int, Tuple[torch.Tensor, np.ndarray]] = {}
+        base = 0
         for part in parts:
             spans.update(part.spans)
+            members.update({base + p: m for p, m in part.pool_members.items()})
+            base += len(part)
         return cls(
             ids=[i for p in parts for i in p.ids], texts=[t for p in parts for t in p.texts],
             vectors=torch.cat(vectors), offsets=torch.cat([p.offsets for p in parts]),
             token_passage=torch.cat(token_passage), token_sentence=torch.cat(token_sentence),
             sentences=torch.cat([p.sentences for p in parts]), sentence_passage=torch.cat(sentence_passage),
-            passage_starts=torch.cat(starts), spans=spans,
+            passage_starts=torch.cat(starts), spans=spans, pool_members=members,
         )
 
     @classmethod

@@ -17,11 +17,12 @@ them (PyLate keeps ``n // factor`` over the whole document), merging the cheapes
 first, so long sentences give up more vectors than short ones.
 
 Vectors are ordered by their first token; a vector's characters are from its first token's start to
-its last token's end (:func:`pooled_offsets`), so :func:`agrame.spans.span_token_mask` — a token
-belongs to a span when its characters overlap one of the span's pieces — applies unchanged: a span is
-scored by every pooled vector whose characters overlap it (all of a cluster's mean, also where the
-span cuts the cluster). An index keeps which vector each original token went to in one byte a token
-(:func:`encode_assignment`), so that the tokenizer's offsets give the pooled ones back exactly.
+its last token's end (:func:`pooled_offsets`): what sentences are told by (a vector lies in its
+sentence). A span is scored by every pooled vector one of whose *tokens* overlaps it
+(:func:`member_span_mask`: the token rule of :func:`agrame.spans.span_token_mask`, then any over a
+vector's tokens), so a span that cuts a cluster is scored with the whole cluster's mean. An index keeps
+which vector each original token went to in one byte a token (:func:`encode_assignment`), so that the
+tokenizer's offsets give the pooled offsets and the members back exactly.
 """
 
 from __future__ import annotations
@@ -197,6 +198,19 @@ def pooled_offsets(offsets, assignment) -> torch.Tensor:
     return torch.stack([start, end], dim=1)
 
 
+def member_span_mask(member_offsets, assignment, spans) -> torch.Tensor:
+    """``[len(spans), m]``: pooled vector v belongs to span i when one of *its tokens* overlaps the span
+    (:func:`agrame.spans.span_token_mask` over the original tokens, then any over each vector's tokens) —
+    exact where a vector's characters (first to last token) would also hold tokens of other vectors."""
+    from .spans import span_token_mask
+
+    assignment = np.asarray(assignment, dtype=np.int64)
+    m = int(assignment.max(initial=-1)) + 1
+    tokens = span_token_mask(member_offsets, spans).to(torch.float32)
+    out = torch.zeros((tokens.shape[0], m), dtype=torch.float32).index_add(1, torch.from_numpy(assignment), tokens)
+    return out > 0
+
+
 def encode_assignment(assignment) -> np.ndarray:
     """One byte a token: 0 where the token starts a new vector, else 1 + how many vectors back from the
     newest started so far its own vector is (1: the newest). Bounded by 255 (:data:`MAX_BLOCK`)."""
@@ -235,4 +249,4 @@ def pool_passage(vectors: torch.Tensor, offsets: torch.Tensor, sentences: Sequen
 
 
 __all__ = ["MAX_BLOCK", "MAX_FACTOR", "blocks", "check_pool_factor", "decode_assignment", "encode_assignment",
-           "pool_assignment", "pool_by_assignment", "pool_passage", "pooled_offsets", "ward_cost"]
+           "member_span_mask", "pool_assignment", "pool_by_assignment", "pool_passage", "pooled_offsets", "ward_cost"]

@@ -237,8 +237,7 @@ def score_corpus(
                 if p not in span_table:
                     continue
                 sl = corpus.passage_tokens(p)
-                offsets = corpus.offsets[sl]
-                mask = span_token_mask(offsets, span_table[p])
+                mask = corpus.span_mask(p, span_table[p])
                 empty = (~mask.any(dim=1)).nonzero().flatten().tolist()
                 if empty:
                     raise ValueError(f"passage {corpus.ids[p]!r}: span {span_table[p][empty[0]]} covers "

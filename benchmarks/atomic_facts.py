@@ -99,8 +99,7 @@ def score_colbert_psg(data: AtomicData, queries: Sequence[Query], model: Optiona
     by_sentence = dict(enumerate(groups.values()))  # corpus passage index → candidate indices
     masks = {}
     for p, cands in by_sentence.items():
-        offsets = corpus.offsets[corpus.passage_tokens(p)]
-        masks[p] = span_token_mask(offsets, [data.sentences[data.candidates[c][0]].pieces(data.candidates[c][1])
+        masks[p] = corpus.span_mask(p, [data.sentences[data.candidates[c][0]].pieces(data.candidates[c][1])
                                              for c in cands])
     out = np.zeros((len(queries), len(data.candidates)), dtype=np.float32)
     for qi, q in enumerate(tqdm(queries, desc="colbert sub-query", disable=None)):

@@ -18,7 +18,7 @@ from agrame.corpus import Passage
 from agrame.index import Index, PoolFactorError, build_index, read_manifest
 from agrame.index.store import Store
 from agrame.pooling import (MAX_BLOCK, blocks, check_pool_factor, decode_assignment, encode_assignment,
-                            pool_assignment, pool_by_assignment, pooled_offsets, ward_cost)
+                            member_span_mask, pool_assignment, pool_by_assignment, pooled_offsets, ward_cost)
 from agrame.spans import span_token_mask
 from agrame_app.cli import main
 
@@ -113,6 +113,11 @@ def test_pool_by_assignment_is_the_normalised_mean_and_differentiable():
     offsets = torch.tensor([[0, 0], [0, 3], [4, 6], [6, 9], [10, 12], [12, 13], [0, 0]])
     assert pooled_offsets(offsets, assignment).tolist() == [[0, 0], [0, 9], [4, 13], [10, 12], [0, 0]]
     assert encode_assignment(assignment).tolist() == [0, 0, 0, 2, 0, 2, 0]  # 1: the newest vector, 2: one before
+    # vector 2 holds tokens 2 and 5 (characters 4-6 and 12-13): its characters run 4-13, but a span of
+    # 7-11 holds none of its tokens, only tokens 3 and 4 (vectors 1 and 3)
+    assert member_span_mask(offsets, assignment, [(7, 11)]).tolist() == [[False, True, False, True, False]]
+    assert span_token_mask(pooled_offsets(offsets, assignment), [(7, 11)]).tolist() == \
+        [[False, True, True, True, False]]  # (what the characters alone would say)
 
 
 @pytest.mark.parametrize("bad", ["0", "0.5", "-2", "two", "nan", "inf", "17", "", True, None])
@@ -164,6 +169,9 @@ def test_pooled_offsets_from_the_tokenizer_equal_stored_ones(tmp_path, long_enco
     stored = Store(tmp_path / "kept").corpus(np.arange(2))
     assert torch.equal(recomputed.offsets, stored.offsets)
     assert torch.equal(recomputed.token_sentence, stored.token_sentence)
+    for p in (0, 1):  # the members spans are told by: from the tokenizer, or from tokens.bin
+        assert torch.equal(recomputed.pool_members[p][0], stored.pool_members[p][0])
+        assert np.array_equal(recomputed.pool_members[p][1], stored.pool_members[p][1])
     full = long_encoder.encode_passages([p.text for p in passages])
     assert recomputed.num_tokens < sum(len(e.offsets) for e in full)
     # each pooled vector covers one run of tokens: its characters are from the first's start to the last's end
@@ -186,15 +194,17 @@ def test_a_span_that_cuts_a_cluster_is_scored_by_the_clusters_it_overlaps(tmp_pa
     corpus = index.store.corpus(np.arange(1))
     _, q = index.encode_query("coral bleaching", "span")  # the span side's query vectors
     sim = q @ corpus.vectors.T
-    masks = span_token_mask(corpus.offsets, list(passage.spans))
+    masks = corpus.span_mask(0, list(passage.spans))
+    members, assignment = corpus.pool_members[0]
+    assert torch.equal(masks, member_span_mask(members, assignment, list(passage.spans)))
     for hit in hits:
         k = [tuple(map(tuple, p)) for p in (((s,) if isinstance(s[0], int) else s) for s in passage.spans)].index(
             tuple(map(tuple, hit.pieces)))
         want = sim.masked_fill(~masks[k].unsqueeze(0), float("-inf")).amax(-1).sum()
         assert hit.span_score == pytest.approx(float(want), rel=1e-5, abs=1e-5)
-    # (0, 4) cuts "Warming" and whatever cluster holds it: that whole cluster scores it
-    first = masks[0].nonzero().flatten().tolist()
-    assert first and all(int(corpus.offsets[j, 1]) > 0 for j in first)
+    # (0, 4) cuts "Warming": the one cluster holding that token scores it, whatever else it holds
+    assert int(masks[0].sum()) == 1 and int(assignment[(members[:, 0] == 0) & (members[:, 1] > 0)][0]) == \
+        int(masks[0].nonzero()[0])
 
 
 def test_add_upsert_compact_keep_the_factor(tmp_path, long_encoder):

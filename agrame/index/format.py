@@ -190,7 +190,7 @@ def validate_manifest(path: Path, m: dict) -> None:
                 "doclens.bin": N * 4, "sentcounts.bin": N * 4, "sentences.bin": S * 8, "passage_offsets.bin": N * 8,
                 f"ivf-{g}.offsets.bin": (K + 1) * 8, f"ivf-{g}.pids.bin": None, "passages.jsonl": None,
                 ("tokens.bin" if m.get("token_offsets", "stored") == "stored" else "sentence_tokens.bin"):
-                    T * 6 if m.get("token_offsets", "stored") == "stored" else S * 8,
+                    m.get("num_original_tokens", T) * 6 if m.get("token_offsets", "stored") == "stored" else S * 8,
                 **({"pool.bin": m["num_original_tokens"], "origlens.bin": N * 4} if "pool_factor" in m else {})}
     for name, size in expected.items():
         if name not in files:

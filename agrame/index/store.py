@@ -172,6 +172,7 @@ def compress_block(codec: ResidualCodec, passages: Sequence[Passage], encoded: S
         if any(b[0] < a[1] for a, b in zip(sp, sp[1:])):
             raise ValueError(f"passage {p.id!r}: sentence spans must be in order and disjoint")
     assigned = origlens = None
+    original = encoded  # (a pooled index stores its original tokens' offsets, when it stores offsets)
     if pool_factor != 1:
         pooled = [pool_passage(e.vectors, e.offsets, sp, pool_factor) for e, sp in zip(encoded, spans)]
         origlens = np.array([len(e.offsets) for e in encoded], dtype=np.int32)
@@ -182,7 +183,7 @@ def compress_block(codec: ResidualCodec, passages: Sequence[Passage], encoded: S
     doclens = np.array([len(e.offsets) for e in encoded], dtype=np.int32)
     sentcounts = np.array([len(s) for s in spans], dtype=np.int32)
     flat = np.array([x for s in spans for x in s], dtype=np.int32).reshape(-1, 2)
-    rows = (_token_table(encoded) if store_offsets else _sentence_rows(passages, encoded, flat, sentcounts, doclens))
+    rows = (_token_table(original) if store_offsets else _sentence_rows(passages, encoded, flat, sentcounts, doclens))
     lines, has_spans = [], False
     for p in passages:
         record = {"id": p.id, "text": p.text}
@@ -590,7 +591,9 @@ class Store:
             T, N = m["num_tokens"], m["num_passages"]
             self.codes = self._map("codes.bin", np.dtype(m["code_dtype"]), (T,))
             self.residuals = self._map("residuals.bin", np.uint8, (T, self.codec.bytes_per_token))
-            self.tokens = self._map(TOKENS_FILE, TOKEN_DTYPE, (T,)) if offsets_stored(m) else None
+            # (a pooled index's tokens.bin holds its original tokens: the vectors' offsets and members follow)
+            self.tokens = self._map(TOKENS_FILE, TOKEN_DTYPE, (int(m.get("num_original_tokens", T)),)) \
+                if offsets_stored(m) else None
             self.sentence_tokens = None if offsets_stored(m) else \
                 self._map(SENTENCE_TOKENS_FILE, np.int32, (m["num_sentences"], 2))
             self.pool_factor = pool_factor(m)
@@ -831,9 +834,10 @@ class Store:
                 token_passage=token_passage, token_sentence=torch.full((len(rows),), -1, dtype=torch.long),
                 sentences=torch.zeros((0, 2), dtype=torch.long), sentence_passage=torch.zeros(0, dtype=torch.long),
                 passage_starts=passage_starts)
+        members: Dict[int, tuple] = {}
         if with_offsets or self.sentence_tokens is None:
             records = [self.record(p) for p in pids.tolist()]
-            offsets = self._offsets(pids, rows, records)
+            offsets = self._offsets(pids, rows, records, members)
             ids, texts = [r["id"] for r in records], [r["text"] for r in records]
             spans = {r["id"]: tuple(r["spans"]) for r in records if "spans" in r}
         else:  # sentence scores need the stored token→sentence table only: records read for the hits alone
@@ -855,20 +859,27 @@ class Store:
             offsets=offsets, token_passage=token_passage, token_sentence=token_sentence,
             sentences=sentences.reshape(-1, 2),
             sentence_passage=torch.repeat_interleave(torch.arange(len(pids)), torch.from_numpy(sent_counts)),
-            passage_starts=passage_starts, spans=spans)
+            passage_starts=passage_starts, spans=spans, pool_members=members)
 
-    def _offsets(self, pids: np.ndarray, rows: np.ndarray, records: List[dict]):
-        """``[n, 2]`` character offsets of the tokens of ``pids`` (rows ``rows``): stored, or recomputed."""
+    def _offsets(self, pids: np.ndarray, rows: np.ndarray, records: List[dict], members: Optional[dict] = None):
+        """``[n, 2]`` character offsets of the tokens of ``pids`` (rows ``rows``): stored, or recomputed
+        (a pooled index's: of its vectors, and ``members`` gets each passage's original tokens)."""
         import torch
 
-        if self.tokens is not None:
-            tokens = self.tokens[rows]
+        def stored(token_rows):
+            tokens = self.tokens[token_rows]
             return torch.from_numpy(np.stack([tokens["start"], tokens["start"] + tokens["length"]], axis=1)
                                     .astype(np.int64))
-        if self.tokenize is None:
+
+        if self.tokens is not None and self.pool_codes is None:
+            return stored(rows)
+        if self.tokens is not None:
+            parts = [stored(np.arange(self.orig_starts[p], self.orig_starts[p + 1])) for p in pids.tolist()]
+        elif self.tokenize is None:
             raise IndexFolderError(f"index {self.path} recomputes token offsets with its model's tokenizer: "
                                    "open it with the model (Index(path, model=…))")
-        parts = self.tokenize([r["text"] for r in records])
+        else:
+            parts = self.tokenize([r["text"] for r in records])
         for k, (p, r, part) in enumerate(zip(pids.tolist(), records, parts)):
             tokens = self.doclens[p] if self.pool_codes is None else self.origlens[p]
             if len(part) != tokens:
@@ -882,6 +893,8 @@ class Store:
                     raise IndexFolderError(f"index {self.path} is damaged: {POOL_FILE} of passage {r['id']!r} "
                                            f"does not give its {self.doclens[p]} vectors")
                 parts[k] = pooled_offsets(part, assignment)
+                if members is not None:
+                    members[k] = (part, assignment)
         return torch.cat(parts) if parts else torch.zeros((0, 2), dtype=torch.long)
 
     def bytes(self, include_text: bool = False) -> int:

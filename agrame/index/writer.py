@@ -714,7 +714,8 @@ class IndexWriter:
                         original += int(store.origlens[part].sum())
                     sent_rows = _ranges(store.sent_starts[part], store.sentcounts[part])
                     if stored:
-                        out.write(TOKENS_FILE, np.ascontiguousarray(store.tokens[rows]).tobytes())
+                        token_rows = rows if not pooled else _ranges(store.orig_starts[part], store.origlens[part])
+                        out.write(TOKENS_FILE, np.ascontiguousarray(store.tokens[token_rows]).tobytes())
                     else:
                         out.write(SENTENCE_TOKENS_FILE, np.ascontiguousarray(store.sentence_tokens[sent_rows]).tobytes())
                     out.write("doclens.bin", store.doclens[part].astype("<i4").tobytes())
