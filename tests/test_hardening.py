@@ -109,7 +109,7 @@ def test_heavy_requests_beyond_the_budget_get_503(tiny):
     from fastapi.testclient import TestClient
 
     from agrame_app.serve import Limits, create_app
-    from agrame_app.serve.app import _Gate
+    from agrame_app.serve.service import Gate as _Gate
 
     gate = _Gate(1, 100)
     gate.enter(80)
