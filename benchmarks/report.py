@@ -410,11 +410,10 @@ def _pooling_sections(results: List[dict]) -> List[str]:
     out: List[str] = []
     for r in (r for r in results if r.get("what") == "token pooling frontier"):
         out += ["### Token pooling: fewer vectors, every sentence kept (issue 53)", "",
-                f"`agrame index --pool-factor F` (`agrame.pooling`): Ward merges of adjacent tokens of one sentence "
+                f"`agrame index --pool-factor F` (`agrame.pooling`): Ward merges of tokens of one sentence "
                 f"until a passage keeps max(sentences, ⌈n / F⌉) vectors of sentence tokens ([CLS], [D], [SEP] kept). "
                 f"Model {r['model']} ({r['fingerprint']}), {r['data']}; staged search at each index's defaults, "
-                f"{r['threads']} thread(s). Bytes per *original* token, text excluded. Rule (written before the rows): "
-                f"{r['rule']}.", "",
+                f"{r['threads']} thread(s). Bytes per *original* token, text excluded. Rule: {r['rule']}.", "",
                 "![passage and sentence P@1 against bytes per original token](pooling.png)", "",
                 "| pool factor | residual bits | vectors / token | bytes / original token | build s (cached vectors) "
                 "| psg P@1 | psg R@100 | sent P@1 | loss psg / sent P@1 |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -1383,9 +1382,10 @@ def render_export_parity(results: List[dict]) -> str:
 def render_pool_methods(results: List[dict]) -> str:
     out = ["## Which token clustering to pool with (issue 53, SQuAD train)", "",
            "Ward agglomeration under three connectivities at one budget (max(sentences, ⌈n / F⌉) vectors of "
-           "sentence tokens a passage): `adjacent` (neighbouring runs of one sentence: what `agrame.pooling` "
-           "ships, a vector is one run of characters), `sentence` (any tokens of one sentence), `passage` (any "
-           "tokens of the passage, Clavié et al. 2024; a cluster counts in every sentence it touches). Exact "
+           "sentence tokens a passage): `adjacent` (neighbouring runs of one sentence: a vector is one run of "
+           "characters), `sentence` (any tokens of one sentence: what `agrame.pooling` ships, chosen here), "
+           "`passage` (any tokens of the passage, Clavié et al. 2024; a cluster counts in every sentence it "
+           "touches). Exact "
            "float scores re-rank each question's gold passage and the unpooled index's next passages, so the "
            "differences are the clustering's alone.", "",
            "| pool factor | connectivity | vectors / token | psg P@1 | sent P@1 |", "|---:|---|---:|---:|---:|"]
