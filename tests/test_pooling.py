@@ -257,7 +257,7 @@ def test_cli_pool_factor(tmp_path, capsys, coral_file, tiny_model_dir):
 
 
 def test_an_index_from_before_pooling_opens_as_factor_one(tmp_path, capsys):
-    from tests.test_default_model import LEGACY_ZERO_SHOT
+    from test_default_model import LEGACY_ZERO_SHOT
 
     ix = tmp_path / "old"
     shutil.copytree(LEGACY_ZERO_SHOT, ix)
@@ -277,7 +277,7 @@ def test_an_index_from_before_pooling_opens_as_factor_one(tmp_path, capsys):
 @pytest.mark.parametrize("factor", [2, 3])
 def test_a_pooling_student_scores_what_a_pooled_index_would(marked_encoder, factor):
     from agrame.ranker import Ranker
-    from tests.test_training import record
+    from test_training import record
     from training.student import StudentScorer
 
     batch = [record("why do reefs bleach", [0, 1, 2]), record("who built the tower in 1889", [2, 3, 0])]
@@ -316,8 +316,8 @@ def test_a_pooling_student_step_keeps_every_tensor_on_the_encoders_device(make_t
     # random values of its shape; everything else (the means, the masks, the loss, backward) runs under
     # the mode that refuses an operation mixing devices.
     import training.student as student
-    from tests.test_training import record
-    from tests.test_training_scale import OneDeviceMode, _meta_student
+    from test_training import record
+    from test_training_scale import OneDeviceMode, _meta_student
     from training.losses import MultiGranularKLLoss
 
     monkeypatch.setattr(student, "_host", lambda v: torch.randn(v.shape) if v.device.type == "meta" else v.cpu())
