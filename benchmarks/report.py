@@ -420,7 +420,8 @@ def _pooling_sections(results: List[dict]) -> List[str]:
         for row in sorted(r["rows"], key=lambda x: (x["nbits"], x["pool_factor"])):
             m, loss = row["metrics"], row.get("loss_vs_factor_1")
             out.append(f"| {row['pool_factor']:g} | {row['nbits']} | {row['vectors_per_original_token']} | "
-                       f"{row['bytes_per_original_token']} | {row['build_seconds_from_cached_vectors']} | {m['psg_p1']} | "
+                       f"{row['bytes_per_original_token']} | "
+                       f"{row['build_seconds_from_cached_vectors'] or 'built before'} | {m['psg_p1']} | "
                        f"{m['psg_r100']} | {m['sent_p1']} | "
                        + (f"{loss['psg_p1']} / {loss['sent_p1']}" if loss else "–") + " |")
         chosen = r["chosen"]
