@@ -340,22 +340,37 @@ def _save_figure(fig, path: Path) -> bool:
     return True
 
 
+def _p1_chart(path: Path, draw, xlabel: str, title: str | None = None) -> bool:
+    """Passage and sentence P@1 side by side: ``draw(ax, metric)`` plots one panel's lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=120, sharex=True)
+    for ax, metric, label in zip(axes, ("psg_p1", "sent_p1"), ("passage P@1 (%)", "sentence P@1 (%)")):
+        draw(ax, metric)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="lower right")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return _save_figure(fig, path)
+
+
 def frontier_chart(grouped: Dict[str, List[dict]], path: Path) -> bool:
     """Passage and sentence P@1 against bytes per token, one line per model (its codecs), the float16 scan
     as a hollow marker; False when no frontier result exists."""
     runs = [r for r in grouped.get("index_search", []) if r.get("what") == "size-quality frontier"]
     if not runs:
         return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
     rows = runs[-1]["rows"]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=120, sharex=True)
-    for ax, metric, label in zip(axes, ("psg_p1", "sent_p1"), ("passage P@1 (%)", "sentence P@1 (%)")):
-        for k, model in enumerate(dict.fromkeys(r["model"] for r in rows)):
+
+    def draw(ax, metric):
+        import matplotlib.ticker
+
+        for model in dict.fromkeys(r["model"] for r in rows):
             mine = sorted((r for r in rows if r["model"] == model and r["nbits"] != 16), key=lambda r: r["bytes_per_token"])
             line = ax.plot([r["bytes_per_token"] for r in mine], [r["metrics"][metric] for r in mine], "o-",
                            label=f"{model} (1/2/4 bits)")[0]
@@ -369,11 +384,8 @@ def frontier_chart(grouped: Dict[str, List[dict]], path: Path) -> bool:
         ticks = [16, 32, 64, 128, 256, 512, 1024]
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_xlabel("bytes per token (log)")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, loc="lower right")
-    return _save_figure(fig, path)
+
+    return _p1_chart(path, draw, "bytes per token (log)")
 
 
 def pooling_chart(grouped: Dict[str, List[dict]], path: Path) -> bool:
@@ -382,14 +394,9 @@ def pooling_chart(grouped: Dict[str, List[dict]], path: Path) -> bool:
     runs = [r for r in grouped.get("index_search", []) if r.get("what") == "token pooling frontier"]
     if not runs:
         return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = runs[-1]["rows"]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=120, sharex=True)
-    for ax, metric, label in zip(axes, ("psg_p1", "sent_p1"), ("passage P@1 (%)", "sentence P@1 (%)")):
+
+    def draw(ax, metric):
         for nbits in sorted({r["nbits"] for r in rows}):
             mine = sorted((r for r in rows if r["nbits"] == nbits), key=lambda r: r["bytes_per_original_token"])
             ax.plot([r["bytes_per_original_token"] for r in mine], [r["metrics"][metric] for r in mine], "o-",
@@ -397,12 +404,9 @@ def pooling_chart(grouped: Dict[str, List[dict]], path: Path) -> bool:
             for r in mine:
                 ax.annotate(f"×{r['pool_factor']:g}", (r["bytes_per_original_token"], r["metrics"][metric]), fontsize=7,
                             textcoords="offset points", xytext=(3, 3))
-        ax.set_xlabel("bytes per original token")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"token pooling, {runs[-1]['model']} (SQuAD train)", fontsize=9)
-    return _save_figure(fig, path)
+
+    return _p1_chart(path, draw, "bytes per original token",
+                     f"token pooling, {runs[-1]['model']} (SQuAD train)")
 
 
 def _pooling_sections(results: List[dict]) -> List[str]:

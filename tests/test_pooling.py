@@ -277,7 +277,7 @@ def test_an_index_from_before_pooling_opens_as_factor_one(tmp_path, capsys):
 @pytest.mark.parametrize("factor", [2, 3])
 def test_a_pooling_student_scores_what_a_pooled_index_would(marked_encoder, factor):
     from agrame.ranker import Ranker
-    from test_training import record
+    from test_training import assert_scores_equal_ranker, record
     from training.student import StudentScorer
 
     batch = [record("why do reefs bleach", [0, 1, 2]), record("who built the tower in 1889", [2, 3, 0])]
@@ -289,13 +289,7 @@ def test_a_pooling_student_scores_what_a_pooled_index_would(marked_encoder, fact
         full = ranker.encode([Passage(str(k), p["text"]) for k, p in enumerate(r["passages"])])  # Punkt, as the records
         corpus = full.pooled(factor)
         assert corpus.num_tokens < full.num_tokens
-        for hit in ranker.rank(r["question"], corpus, "passage", top_k=None):
-            assert float(passage[b, int(hit.passage_id)]) == pytest.approx(hit.score, abs=1e-4)
-        for hit in ranker.rank(r["question"], corpus, "sentence", top_k=None):
-            p = int(hit.passage_id)
-            s = [tuple(x) for x in r["passages"][p]["sentences"]].index((hit.start, hit.end))
-            assert mask[b, p, s]
-            assert float(sentence[b, p, s]) == pytest.approx(hit.span_score, abs=1e-4)
+        assert_scores_equal_ranker(ranker, corpus, r, passage[b], sentence[b], mask[b])
 
 
 def test_a_pooled_corpus_holds_the_vectors_a_pooled_index_stores(tmp_path, long_encoder):

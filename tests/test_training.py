@@ -25,6 +25,18 @@ def record(question, order, teacher=(3.0, 0.0, -1.0)):
     return {"question": question, "passages": passages}
 
 
+def assert_scores_equal_ranker(ranker, corpus, record_, passage, sentence, mask) -> None:
+    """The student's passage and sentence scores of one query (``[P]``, ``[P, S]``) equal the Ranker's
+    on ``corpus`` (the record's passages, encoded as the student sees them)."""
+    for hit in ranker.rank(record_["question"], corpus, "passage", top_k=None):
+        assert float(passage[int(hit.passage_id)]) == pytest.approx(hit.score, abs=1e-4)
+    for hit in ranker.rank(record_["question"], corpus, "sentence", top_k=None):
+        p = int(hit.passage_id)
+        s = [tuple(x) for x in record_["passages"][p]["sentences"]].index((hit.start, hit.end))
+        assert mask[p, s]
+        assert float(sentence[p, s]) == pytest.approx(hit.span_score, abs=1e-4)
+
+
 @pytest.fixture
 def encoder(marked_encoder):
     return marked_encoder
@@ -40,13 +52,7 @@ def test_student_scores_equal_the_ranker(encoder, passage_marker):
     ranker = Ranker(encoder, alpha=0.0)
     for b, r in enumerate(batch):
         corpus = ranker.encode([(str(k), p["text"]) for k, p in enumerate(r["passages"])])
-        for hit in ranker.rank(r["question"], corpus, "passage", top_k=None):
-            assert float(passage[b, int(hit.passage_id)]) == pytest.approx(hit.score, abs=1e-4)
-        for hit in ranker.rank(r["question"], corpus, "sentence", top_k=None):
-            p = int(hit.passage_id)
-            s = [tuple(x) for x in r["passages"][p]["sentences"]].index((hit.start, hit.end))
-            assert mask[b, p, s]
-            assert float(sentence[b, p, s]) == pytest.approx(hit.span_score, abs=1e-4)
+        assert_scores_equal_ranker(ranker, corpus, r, passage[b], sentence[b], mask[b])
     assert not mask[0, 0, 2:].any()  # two sentences, the rest is padding
 
 
