@@ -425,6 +425,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         help="torch device of the student, e.g. cuda (checkpoints and the saved model stay "
                              "device-free: a run may resume on another device)")
     args = parser.parse_args(argv)
+    from agrame.pooling import check_pool_factor
+
+    try:
+        args.pool_factor = check_pool_factor(args.pool_factor)
+    except ValueError as exc:
+        parser.error(f"--pool-factor: {exc}")  # exit 2, before anything is loaded
     if args.sentence_weight == 0:
         # The ColBERT baseline has one query encoding; it ranks sentences with [Q] too.
         args.sentence_marker = "Q"
@@ -443,9 +449,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     params = trainable_parameters(encoder, args.layers)
     if args.layer_lr_decay != 1.0:
         params = layerwise_groups(encoder, params, args.layer_lr_decay)
-    from agrame.pooling import check_pool_factor
-
-    args.pool_factor = check_pool_factor(args.pool_factor)
     scorer = StudentScorer(encoder, args.sentence_marker, in_batch=args.in_batch, buckets=args.length_buckets,
                            pool_factor=args.pool_factor)
     criterion = MultiGranularKLLoss(args.weighting, args.sentence_weight)
