@@ -249,8 +249,26 @@ def test_every_committed_result_renders(tmp_path):
     assert "## Data safety: hostile probes" in text and "## Crash safety" in text
 
 
+def test_the_committed_readme_is_what_the_results_render():
+    """benchmarks/README.md is the report of benchmarks/results byte for byte: nobody edited a number by hand, and a
+    change to the report's specs or code that changes a table shows here (regenerate: python -m benchmarks.report)."""
+    from benchmarks.report import REPO, RESULTS, build
+
+    assert build(RESULTS, chart=None) == (REPO / "benchmarks" / "README.md").read_text(encoding="utf-8")
+
+
+def test_cells_formats_and_missing_measures():
+    from benchmarks.report import Ctx, fill, table
+
+    ctx = Ctx({"m": {"p": 71.25, "share": 0.5, "k": "K=10", "theta_0.5": {"f1": 3}}, "d": -0.04})
+    assert fill("{m[p]:p} {m[share]:%g}% {m[k]:after=} {m[theta_0.5][f1]} {d:+} {m[gone]} {m[gone]:?0}", ctx) == \
+        "71.2 50% 10 3 +0.0 – 0"
+    assert fill("a sentence about {m[gone]}", ctx, strict=True) is None  # a paragraph on a missing measure is left out
+    assert table("a | b", [ctx], "{m[p]} | {d}", "rl") == ["| a | b |", "|---:|---|", "| 71.25 | -0.04 |"]
+
+
 def test_frontier_rows_show_the_same_index_on_the_reported_splits_at_the_shipped_budget():
-    from benchmarks.report import _frontier_split
+    from benchmarks.report import Ctx, _frontier_split
 
     def run(dataset, per_hit, p1, nbits=2, fingerprint="abc", questions=2000):
         return {"dataset": dataset, "fingerprint": fingerprint, "search": {"per_hit": per_hit},
@@ -260,8 +278,10 @@ def test_frontier_rows_show_the_same_index_on_the_reported_splits_at_the_shipped
     results = [run("squad-dev", 10, 70.0), run("squad-dev", 5, 71.0), run("squad-dev", 5, 1.0, nbits=4),
                run("squad-dev", 5, 2.0, fingerprint="other"), run("squad-dev", 5, 3.0, questions=300),
                run("nq-oracle", 10, 60.0, questions=2655)]
-    row = {"fingerprint": "abc", "nbits": 2}
-    assert _frontier_split(results, row, "squad-dev") == "71.0 / 98.0 / 60.0"  # per_hit 5 preferred
-    assert _frontier_split(results, row, "nq-oracle") == "60.0 / 98.0 / 60.0"
-    assert _frontier_split(results, {"fingerprint": "abc", "nbits": 1}, "squad-dev") == "–"
-    assert _frontier_split(results, {"fingerprint": "abc", "nbits": 16}, "squad-dev") == "–"
+    def split(row):
+        return _frontier_split(Ctx(row, all=results))
+
+    assert split({"fingerprint": "abc", "nbits": 2}) == {"squad-dev": "71.0 / 98.0 / 60.0",  # per_hit 5 preferred
+                                                         "nq-oracle": "60.0 / 98.0 / 60.0"}
+    assert split({"fingerprint": "abc", "nbits": 1})["squad-dev"] == "–"
+    assert split({"fingerprint": "abc", "nbits": 16})["squad-dev"] == "–"
