@@ -8,17 +8,11 @@ import shutil
 import sys
 
 from agrame.io import FORMATS, MAX_PASSAGE_CHARS, read_passages, read_text
-from .common import DEFAULT_MODEL_HELP, UsageError, finite_float, model_names, positive_int, printable
+from .common import DEFAULT_MODEL_HELP, UsageError, command_parser, finite_float, model_names, positive_int, printable
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "cite", help="add citations to a generated answer from the passages it was written from",
-        description="PropCite: split each answer sentence into propositions, score every passage "
-                    "with each proposition's query tokens, and cite the top passage of each.",
-        epilog="Example: agrame cite --answer answer.txt --passages passages.jsonl. "
-               "Markers are [n] for the n-th passage of the file.",
-    )
+    p = command_parser(sub, "cite")
     p.add_argument("--answer", "-a", required=True, metavar="FILE", help="answer text file, or - for stdin")
     p.add_argument("--passages", "-p", required=True, metavar="FILE",
                    help="the passages the answer was generated from (same formats as rank)")

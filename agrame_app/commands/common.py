@@ -9,9 +9,20 @@ import math
 import os
 import shutil
 import sys
+import tomllib
+from pathlib import Path
 from typing import List, Optional, Sequence
 
 EXIT_USAGE = 2
+
+
+# One place for each subcommand's help, description and epilog (prose, beside the others'); the arguments are
+# declared in the command's own module.
+TEXTS = tomllib.loads(Path(__file__).with_name("texts.toml").read_text(encoding="utf-8"))
+
+
+def command_parser(sub, name: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, **TEXTS[name])
 
 
 class UsageError(ValueError):

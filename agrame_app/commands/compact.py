@@ -5,16 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import nonnegative_float, open_writer
+from .common import command_parser, nonnegative_float, open_writer
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "compact", help="rewrite an index without its deleted passages (returns the disk space)",
-        description="Copy the live passages into a new store as one generation; readers of the previous "
-                    "generation keep working until they reload.",
-        epilog="Example: agrame compact -i my-index",
-    )
+    p = command_parser(sub, "compact")
     p.add_argument("--index", "-i", required=True, metavar="DIR", help="index folder")
     p.add_argument("--lock-timeout", type=nonnegative_float, default=0.0, metavar="SECONDS",
                    help="wait this long for another writer to finish (default: 0, fail at once)")

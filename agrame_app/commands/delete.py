@@ -5,18 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import (UsageError, add_writer_options, live_count, open_writer, parse_filter_arg, read_ids,
-                     read_index_manifest, share)
+from .common import (UsageError, add_writer_options, command_parser, live_count, open_writer, parse_filter_arg,
+                     read_ids, read_index_manifest, share)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "delete", help="delete passages from an index by id or by a metadata filter",
-        description="Delete passages (tombstones committed as a new generation; ids are never renumbered). "
-                    "The index is compacted automatically once the deleted share passes --compact-threshold.",
-        epilog="Examples: agrame delete -i my-index doc-3 doc-9; agrame delete -i my-index --ids-file gone.txt; "
-               "agrame delete -i my-index --filter '{\"source\": \"draft\"}'",
-    )
+    p = command_parser(sub, "delete")
     p.add_argument("ids", nargs="*", metavar="ID", help="passage ids to delete")
     p.add_argument("--index", "-i", required=True, metavar="DIR", help="index folder")
     p.add_argument("--ids-file", metavar="FILE", default=None, help="a file with one id per line (or - for stdin)")

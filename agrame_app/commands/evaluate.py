@@ -6,17 +6,11 @@ import argparse
 import json
 import sys
 
-from .common import UsageError, printable
+from .common import UsageError, command_parser, printable
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "evaluate", help="score a TREC run file against qrels (ir_measures)",
-        description="Evaluate a run (agrame search --queries … --run) against TREC qrels with ir_measures: "
-                    "mean of each measure over the qrels' queries. Sentence-level qrels name sentences "
-                    "PASSAGE#START:END, as runs do.",
-        epilog="Example: agrame evaluate --run out.trec --qrels dev.qrels --measures 'nDCG@10 R@100 RR@10 P@1'",
-    )
+    p = command_parser(sub, "evaluate")
     p.add_argument("--run", required=True, metavar="FILE", help="TREC run: qid Q0 docid rank score tag")
     p.add_argument("--qrels", required=True, metavar="FILE", help="TREC qrels: qid 0 docid relevance")
     p.add_argument("--measures", default="nDCG@10 R@100 RR@10 P@1",

@@ -8,19 +8,11 @@ import os
 import sys
 
 from agrame.io import FORMATS, MAX_PASSAGE_CHARS, read_passages
-from .common import DEFAULT_MODEL_HELP, UsageError, finite_float, model_names, positive_int
+from .common import DEFAULT_MODEL_HELP, UsageError, command_parser, finite_float, model_names, positive_int
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "explain", help="show why a passage ranked: matched tokens, best sentence, every score",
-        description="Encode the passage once and show, for the query, which passage token each query "
-                    "token matched (and how well), every passage token's best similarity, and every "
-                    "sentence's S'(q,s) + α·S(q,p). Terminal: ANSI colours (plain [token] and »sentence« "
-                    "markers when piped); --html writes a self-contained page.",
-        epilog="Examples: agrame explain -q 'What causes coral bleaching?' -p examples/coral.jsonl; "
-               "agrame explain -q 'coral' -i my-index --id doc-7 --html why.html",
-    )
+    p = command_parser(sub, "explain")
     p.add_argument("--query", "-q", required=True, help="the query text")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--passages", "-p", metavar="FILE", help="passage file (same formats as rank), or -")

@@ -5,16 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .common import command_parser
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "export", help="write a model as a Stanford ColBERT (colbert-ai) or PyLate checkpoint",
-        description="Export a model for colbert-ai 0.2.22 (--format stanford) or PyLate (--format pylate). "
-                    "Both insert [Q]/[D] markers and pad queries with [MASK]; what the exported model does "
-                    "differently from AGRaME is printed (and recorded in the folder).",
-        epilog="Example: agrame export --model squad-a1 --format stanford exported/squad-a1-colbert",
-    )
+    p = command_parser(sub, "export")
     p.add_argument("out", metavar="OUT", help="folder to write (must not exist, or be empty)")
     p.add_argument("--model", "-m", metavar="PATH", default=None,
                    help="model folder or shipped name (default: the package default)")

@@ -6,21 +6,12 @@ import argparse
 import sys
 
 from agrame.io import FORMATS, MAX_PASSAGE_CHARS, read_passages
-from .common import (DEFAULT_MODEL_HELP, UsageError, add_writer_options, index_model, live_count, model_names,
-                     open_writer, pool_factor, positive_int, say)
+from .common import (DEFAULT_MODEL_HELP, UsageError, add_writer_options, command_parser, index_model, live_count,
+                     model_names, open_writer, pool_factor, positive_int, say)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "index", help="encode a passage file into an on-disk index folder (or --add to one)",
-        description="Encode passages once into a compressed index folder: each token is a centroid id "
-                    "plus a residual of --nbits bits per dimension (ColBERTv2's codec), with an inverted "
-                    "file for search over the whole index. Tagged with the model's fingerprint.",
-        epilog="Examples: agrame index -p corpus.jsonl -i my-index; "
-               "agrame index --add -p more.jsonl -i my-index (same centroids, new passages, atomic); "
-               "agrame index --upsert -p changed.jsonl -i my-index. JSONL passages may carry a "
-               "\"metadata\" object (strings, numbers, booleans, lists) for search --filter.",
-    )
+    p = command_parser(sub, "index")
     p.add_argument("--passages", "-p", required=True, metavar="FILE", help="passage file, or - for stdin")
     p.add_argument("--index", "-i", required=True, metavar="DIR", help="index folder to create (or extend with --add)")
     p.add_argument("--input-format", choices=FORMATS, default="auto", help="passage file format")

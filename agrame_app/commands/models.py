@@ -7,15 +7,11 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from .common import command_parser
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "models", help="list the shipped models: dimension, index bytes per token, fingerprint, benchmark rows",
-        description="The models --model takes by name, the default first, with the numbers each was measured "
-                    "at on the full benchmark protocol beside zero-shot MiniLM (benchmarks/README.md, "
-                    "*The shipping rule*; written by python -m benchmarks.shipping cards).",
-        epilog="Example: agrame models; agrame models -f jsonl | jq .name",
-    )
+    p = command_parser(sub, "models")
     p.add_argument("--format", "-f", choices=("table", "jsonl"), default="table",
                    help="table for reading, jsonl for piping (default: table)")
     return p

@@ -6,21 +6,11 @@ import argparse
 import json
 import sys
 
-from .common import UsageError, positive_int
+from .common import UsageError, command_parser, positive_int
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "qrels", help="write the benchmarks' gold as TREC qrels (and the queries and corpus to search)",
-        description="Write the gold of an open-domain benchmark dataset ($AGRAME_DATA) as TREC qrels in the run "
-                    "files' id format, as benchmarks.open_domain judges: a passage is its pooled-corpus id, a "
-                    "sentence PASSAGE#START:END with the index's own sentence spans (--index) or the ones an index "
-                    "stores (agrame.spans.split_sentences). With --queries-out and --corpus-out it also writes the "
-                    "questions and the pooled corpus, so that agrame index + agrame search --queries --run + agrame "
-                    "evaluate reproduce the benchmark's metrics end to end.",
-        epilog="Example: agrame qrels --dataset squad-dev --limit 2000 -g sentence -o dev.qrels --queries-out dev.tsv "
-               "--corpus-out pool.jsonl",
-    )
+    p = command_parser(sub, "qrels")
     p.add_argument("--dataset", required=True,
                    choices=("squad-dev", "nq-oracle", "nq-open", "entityquestions", "trivia", "webq"),
                    help="benchmark question set (its gold as benchmarks/README.md describes)")

@@ -5,19 +5,11 @@ from __future__ import annotations
 import argparse
 
 from agrame.io import FORMATS, MAX_PASSAGE_CHARS, read_passages
-from .common import DEFAULT_MODEL_HELP, UsageError, add_common, model_names, positive_int, print_results
+from .common import DEFAULT_MODEL_HELP, UsageError, add_common, command_parser, model_names, positive_int, print_results
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "rank", help="rank passages, sentences or spans of a passage file for one query",
-        description="Encode the passages once and rank them, all their sentences, or the spans "
-                    "given in the JSONL 'spans' field, for a query.",
-        epilog="Passage files: JSONL {\"id\", \"text\", \"spans\"?} (spans: [[start, end], …] in "
-               "characters; a span may be a list of pieces), TSV id<TAB>text, or plain text with "
-               "one passage per line. Example: agrame rank -g sentence -q 'What causes coral "
-               "bleaching?' --passages passages.jsonl",
-    )
+    p = command_parser(sub, "rank")
     p.add_argument("--query", "-q", required=True, help="the query text")
     p.add_argument("--passages", "-p", required=True, metavar="FILE",
                    help="passage file, or - for standard input")

@@ -6,19 +6,12 @@ import argparse
 import json
 import sys
 
-from .common import FILTER_HELP, UsageError, add_common, parse_filter_arg, positive_int, print_results, printable
+from .common import (FILTER_HELP, UsageError, add_common, command_parser, parse_filter_arg, positive_int,
+                     print_results, printable)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "search", help="rank passages, sentences or stored spans of a whole index for a query",
-        description="Search a whole index: centroid-pruned candidates (PLAID), then exact "
-                    "late-interaction scores of the survivors' passages, sentences or spans.",
-        epilog="Examples: agrame search -i my-index -g sentence 'What causes coral bleaching?'; "
-               "agrame search -i my-index --queries questions.tsv --run out.trec (a query file: TSV "
-               "qid<TAB>text or JSONL {\"id\", \"text\"}; sentences and spans are named PASSAGE#START:END "
-               "in runs, see agrame.runs)",
-    )
+    p = command_parser(sub, "search")
     p.add_argument("query", nargs="?", default=None, help="the query text (or --queries FILE)")
     p.add_argument("--queries", metavar="FILE", default=None,
                    help="search every query of a TSV (qid<TAB>text) or JSONL ({\"id\", \"text\"}) file, "

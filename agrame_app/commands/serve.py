@@ -7,17 +7,11 @@ import os
 import sys
 
 from agrame_app.serve.http import Timeouts
-from .common import DEFAULT_MODEL_HELP, UsageError, positive_float, positive_int
+from .common import DEFAULT_MODEL_HELP, UsageError, command_parser, positive_float, positive_int
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "serve", help="serve an index over HTTP: search/rank/cite API and a web page (extra: serve)",
-        description="An HTTP API (POST /search, /rank, /cite; GET /health) and a one-page web UI at / "
-                    "over an index folder, opened read-only; an --add or rebuild is picked up between "
-                    "requests. Needs the serve extra: pip install 'agrame[serve]'.",
-        epilog="Example: agrame serve -i my-index, then open http://127.0.0.1:8000/",
-    )
+    p = command_parser(sub, "serve")
     p.add_argument("--index", "-i", metavar="DIR", default=None,
                    help="index folder (without one, only /rank and /cite are served)")
     p.add_argument("--model", "-m", metavar="PATH", default=None,
