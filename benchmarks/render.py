@@ -134,7 +134,7 @@ SORTS: Dict[str, Callable[[dict], object]] = {
     "tokens": lambda r: r["tokens"]}
 
 
-def _label(r: dict) -> str:
+def label_of(r: dict) -> str:
     """Method name, with the run's tag (a trained model's name) and a non-default first stage."""
     label = r["method"] + (f" [{r['tag']}]" if r.get("tag") else "")
     if r.get("first_stage", "bm25 top-100") != "bm25 top-100":
@@ -142,7 +142,7 @@ def _label(r: dict) -> str:
     return label
 
 
-def _sample_text(r: dict) -> str:
+def sample_text_of(r: dict) -> str:
     s = r["sample"]
     return f"{s['questions']:,} of {s['of']:,}" + (f" (seed {s['seed']})" if s.get("seed") is not None else "")
 
@@ -152,7 +152,7 @@ def is_squad_a1(r: dict) -> bool:
                                                                                           "squad-a1"))
 
 
-def _model_label(r: dict) -> str:
+def model_label_of(r: dict) -> str:
     if is_squad_a1(r):
         return "squad-a1"
     return "zero-shot (384-d)" if str(r.get("model", "")).startswith("zero-shot:") else str(r.get("model", "?"))

@@ -3,8 +3,9 @@
     python -m benchmarks.report
 
 Each result kind has one rendering spec in ``benchmarks/report.toml`` (its header says what the keys mean), drawn by
-``render``. The sections that weigh results of several kinds against each other (the trained models, issue 13's targets,
-the default's choice, e5) and the tables whose columns come from the data are functions here, with the same helpers.
+``render`` here, with Python only for the names a template computes (``DERIVED``), the rows a field cannot give
+(``ROWS``) and the tables whose columns come from the data (``TABLES``). The sections that weigh results of several kinds
+against each other are in ``benchmarks.comparisons``; the helpers both use in ``benchmarks.render``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Callable, Dict, Iterable, List
 from . import charts
 from .common import REPO, RESULTS
 from .comparisons import render_default_choice, render_e5_models, render_scaled, render_trained
-from .render import (CITATION_SETS, DERIVED, SORTS, SOURCES, SPECS, TEXT, Ctx, _label, _model_label, _sample_text,
+from .render import (CITATION_SETS, DERIVED, SORTS, SOURCES, SPECS, TEXT, Ctx, label_of, model_label_of, sample_text_of,
                      citation_model, commands, fill, fmt, is_squad_a1, join, method_key, provenance, table)
+
 
 def _frontier_split(c: Ctx) -> Dict[str, str]:
     """A frontier row's index on each reported split: the full-protocol ``index_search run`` of the same model
@@ -43,8 +45,8 @@ def _ratio(c: Ctx, g: str) -> str:
 
 
 DERIVED.update({
-    "label": lambda c: _label(c["r"]), "sample_text": lambda c: _sample_text(c["r"]),
-    "model_label": lambda c: _model_label(c["r"]),
+    "label": lambda c: label_of(c["r"]), "sample_text": lambda c: sample_text_of(c["r"]),
+    "model_label": lambda c: model_label_of(c["r"]),
     "labels": lambda c: ", ".join(f"{k} {v}" for k, v in c["sample"]["labels"].items()),
     "uncited": lambda c: "; ".join(f"{k.replace('uncited_', '')} {v}%" for k, v in c["partial_support"].items()
                                    if k.startswith("uncited_")),
@@ -87,7 +89,7 @@ DERIVED.update({
         "passage hit" for name, x in c["variants"].items()),
     "stage_label": lambda c: c["first_stage"] + (
         fill(", nprobe {search[nprobe]}, ncandidates {search[ncandidates]}, per hit {per_hit}", c,)
-        if "search" in c["r"] else "") + (f" [model: {_model_label(c)}]" if c.get("model") and not is_squad_a1(c) else ""),
+        if "search" in c["r"] else "") + (f" [model: {model_label_of(c)}]" if c.get("model") and not is_squad_a1(c) else ""),
     "per_hit": lambda c: c["search"].get("per_hit", 1),
 })
 
