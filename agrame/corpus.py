@@ -140,7 +140,7 @@ class EncodedCorpus:
         """This corpus with each passage's token vectors pooled within its sentences
         (:mod:`agrame.pooling`): about one vector per ``factor`` tokens; sentences and spans keep
         working (a pooled vector's offsets cover its run of tokens)."""
-        from .pooling import check_pool_factor, pool_assignment, pool_by_assignment, pooled_offsets
+        from .pooling import check_pool_factor, pool_by_assignment, pooled_offsets, token_assignment
 
         factor = check_pool_factor(factor)
         if factor == 1:
@@ -150,9 +150,7 @@ class EncodedCorpus:
             sl = self.passage_tokens(p)
             vec = self.vectors[sl]
             vec = torch.from_numpy(np.asarray(vec, dtype=np.float32)) if isinstance(vec, np.ndarray) else vec
-            seg = self.token_sentence[sl]
-            seg = torch.where(self.offsets[sl, 1] > self.offsets[sl, 0], seg, torch.full_like(seg, -1))
-            assignment = pool_assignment(vec.float().numpy(), seg.numpy(), factor)
+            assignment = token_assignment(vec, self.offsets[sl], self.token_sentence[sl], factor)
             m = int(assignment.max(initial=-1)) + 1
             first = np.full(m, len(assignment), dtype=np.int64)
             np.minimum.at(first, assignment, np.arange(len(assignment)))

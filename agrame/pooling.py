@@ -44,12 +44,10 @@ MAX_FACTOR = 16.0
 def check_pool_factor(value) -> float:
     """A pool factor as a number in [1, :data:`MAX_FACTOR`] (an int when whole); ``ValueError`` naming
     the value otherwise."""
-    if isinstance(value, bool):
-        raise ValueError(f"pool factor must be a number from 1 to {MAX_FACTOR:g}, got {value!r}")
     try:
-        factor = float(value)
+        factor = float("nan") if isinstance(value, bool) else float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"pool factor must be a number from 1 to {MAX_FACTOR:g}, got {value!r}") from None
+        factor = float("nan")
     if not math.isfinite(factor) or not 1.0 <= factor <= MAX_FACTOR:
         raise ValueError(f"pool factor must be a number from 1 to {MAX_FACTOR:g}, got {value!r}")
     return int(factor) if factor == int(factor) else factor
@@ -174,6 +172,15 @@ def pool_assignment(vectors, segments, factor: float) -> np.ndarray:
     return assignment.astype(np.int64)
 
 
+def token_assignment(vectors, offsets, segments, factor: float) -> np.ndarray:
+    """:func:`pool_assignment` of one passage's tokens (``offsets`` ``[n, 2]``, ``segments`` ``[n]``) with its
+    zero-width tokens (``[CLS]``, ``[D]``, ``[SEP]``) protected whatever sentence they were given."""
+    offsets, segments = torch.as_tensor(offsets), torch.as_tensor(segments)
+    segments = torch.where(offsets[:, 1] > offsets[:, 0], segments, torch.full_like(segments, -1))
+    x = vectors.detach().float().cpu().numpy() if torch.is_tensor(vectors) else np.asarray(vectors, dtype=np.float32)
+    return pool_assignment(x, segments.numpy(), factor)
+
+
 def pool_by_assignment(vectors: torch.Tensor, assignment) -> torch.Tensor:
     """Each pooled vector's normalised mean ``[m, d]``; differentiable in ``vectors`` and on their device
     (pooling-aware training backpropagates through it; the assignment is chosen without gradient)."""
@@ -238,9 +245,7 @@ def pool_passage(vectors: torch.Tensor, offsets: torch.Tensor, sentences: Sequen
 
     segments = token_segments(offsets, list(sentences)) if len(sentences) else \
         torch.full((offsets.shape[0],), -1, dtype=torch.long)
-    # zero-width tokens (specials) overlap no span already; keep them out explicitly all the same
-    segments = torch.where(offsets[:, 1] > offsets[:, 0], segments, torch.full_like(segments, -1))
-    assignment = pool_assignment(vectors.detach().float().cpu().numpy(), segments.numpy(), factor)
+    assignment = token_assignment(vectors, offsets, segments, factor)
     codes = encode_assignment(assignment)
     if int(assignment.max(initial=-1)) + 1 == offsets.shape[0]:
         return vectors, offsets, codes
@@ -249,4 +254,5 @@ def pool_passage(vectors: torch.Tensor, offsets: torch.Tensor, sentences: Sequen
 
 
 __all__ = ["MAX_BLOCK", "MAX_FACTOR", "blocks", "check_pool_factor", "decode_assignment", "encode_assignment",
-           "member_span_mask", "pool_assignment", "pool_by_assignment", "pool_passage", "pooled_offsets", "ward_cost"]
+           "member_span_mask", "pool_assignment", "pool_by_assignment", "pool_passage", "pooled_offsets",
+           "token_assignment", "ward_cost"]

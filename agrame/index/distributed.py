@@ -267,14 +267,9 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
     passages = check_passages(passages)
     if not passages:
         raise IndexFolderError("no passages to index")
-    if path.exists() and any(path.iterdir()) and not overwrite and not resume:
-        raise IndexFolderError(f"{path} already exists (use --overwrite to replace it)")
+    _check_target(path, overwrite, resume)
     # The build lock, from before anything is encoded until the commit: a second build of the same path
     # is refused at once instead of both encoding and one replacing the other.
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)  # (the build lock lives there)
-    except OSError as exc:
-        raise IndexFolderError(f"cannot write index {path}: {exc.strerror}") from None
     lock = build_lock(path, lock_timeout)
     lock.acquire()
     try:
@@ -291,12 +286,11 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
             plan, codec = work.resume(fingerprint)
             codec_info = plan["codec_info"]
             say(f"resuming: {len(work.done())} of {plan['num_blocks']} blocks already encoded")
+        elif codec is None:
+            codec, _, codec_info = train_codec(encoder, passages, nbits, batch_size=batch_size, seed=seed,
+                                               progress=progress, pool_factor=pool_factor)
         else:
-            if codec is None:
-                codec, _, codec_info = train_codec(encoder, passages, nbits, batch_size=batch_size, seed=seed,
-                                                   progress=progress, pool_factor=pool_factor)
-            else:
-                codec_info = {"num_centroids": codec.num_centroids, "given": True}
+            codec_info = {"num_centroids": codec.num_centroids, "given": True}
         parts = route(passages, num_shards)
         blocks = [(s, b, part[lo:lo + block_passages]) for s, part in enumerate(parts)
                   for b, lo in enumerate(range(0, len(part), block_passages))]
@@ -312,16 +306,8 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
                            store_offsets=store_offsets, progress=progress, crash_once=crash_once, on_block=on_block,
                            pool_factor=pool_factor)
 
-        def blocks_of(shard: int, part):
-            return (work.load(_key(shard, b)) for b in range((len(part) + block_passages - 1) // block_passages))
-
-        if shards:
-            write = lambda tmp: write_sharded(tmp, model_info, codec, codec_info, parts, blocks_of,  # noqa: E731
-                                              store_offsets=store_offsets, pool_factor=pool_factor)
-        else:
-            write = lambda tmp: write_blocks(  # noqa: E731
-                tmp, model_info, codec, codec_info, passages, blocks_of(0, passages), store_offsets=store_offsets,
-                pool_factor=pool_factor)
+        write = _writer(work, model_info, codec, codec_info, passages, parts, sharded=bool(shards),
+                        block_passages=block_passages, store_offsets=store_offsets, pool_factor=pool_factor)
         commit_new(path, overwrite, write, lock_timeout, held=True)
         work.remove()
         build_with_ray.last_stats = stats
@@ -331,6 +317,29 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
 
 
 build_with_ray.last_stats = {}
+
+
+def _check_target(path: Path, overwrite: bool, resume: bool) -> None:
+    """A build may write ``path`` (and the build lock beside it): IndexFolderError otherwise."""
+    if path.exists() and any(path.iterdir()) and not overwrite and not resume:
+        raise IndexFolderError(f"{path} already exists (use --overwrite to replace it)")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # (the build lock lives there)
+    except OSError as exc:
+        raise IndexFolderError(f"cannot write index {path}: {exc.strerror}") from None
+
+
+def _writer(work: "WorkFolder", model_info: dict, codec: ResidualCodec, codec_info: dict, passages, parts, *,
+            sharded: bool, block_passages: int, store_offsets: bool, pool_factor):
+    """What writes the index from the encoded blocks into a temporary folder (``commit_new``'s ``write``)."""
+    def blocks_of(shard: int, part):
+        return (work.load(_key(shard, b)) for b in range((len(part) + block_passages - 1) // block_passages))
+
+    if sharded:
+        return lambda tmp: write_sharded(tmp, model_info, codec, codec_info, parts, blocks_of,
+                                         store_offsets=store_offsets, pool_factor=pool_factor)
+    return lambda tmp: write_blocks(tmp, model_info, codec, codec_info, passages, blocks_of(0, passages),
+                                    store_offsets=store_offsets, pool_factor=pool_factor)
 
 
 def _encode_on_ray(ray, model, codec: ResidualCodec, todo: List[tuple], work: WorkFolder, *, actors: int, gpus: int,

@@ -121,6 +121,9 @@ MANIFEST_FIELDS = {"format", "generation", "agrame_version", "created", "updated
                    "store", "checksum", "vectors_dtype", "metadata_digest", "pool_factor", "num_original_tokens"}
 
 
+CODE_SIZES = {"<u2": 2, "<i4": 4}  # bytes of a centroid code by its dtype
+
+
 def validate_manifest(path: Path, m: dict) -> None:
     """Types, ranges and consistency of a manifest's fields with each other and with the committed
     file sizes it records; the first violation is ``index X is damaged: manifest field …``."""
@@ -143,8 +146,13 @@ def validate_manifest(path: Path, m: dict) -> None:
     if not isinstance(model, dict) or not isinstance(model.get("fingerprint"), str) \
             or not isinstance(model.get("settings", {}), dict):
         bad("model", "must be an object with a 'fingerprint' string and 'settings'")
-    if m["format"] != FORMAT_V2:
-        return
+    if m["format"] == FORMAT_V2:
+        _check_v2_fields(m, bad)
+        _check_v2_files(m, bad)
+
+
+def _check_v2_fields(m: dict, bad) -> None:
+    """A format-2 manifest's own fields (generations, codec, layout, pooling, metadata)."""
     if not _is_int(m.get("generation"), 1):
         bad("generation", "must be a positive integer")
     if not _is_int(m.get("ivf_generation", m["generation"]), 1, m["generation"]):
@@ -153,8 +161,7 @@ def validate_manifest(path: Path, m: dict) -> None:
         bad("nbits", "must be 1, 2, 4 or 8")
     if not _is_int(m.get("num_centroids"), 1, 1 << 31):
         bad("num_centroids", "must be a positive integer")
-    code_sizes = {"<u2": 2, "<i4": 4}
-    if m.get("code_dtype") not in code_sizes or (m["code_dtype"] == "<u2" and m["num_centroids"] > 1 << 16):
+    if m.get("code_dtype") not in CODE_SIZES or (m["code_dtype"] == "<u2" and m["num_centroids"] > 1 << 16):
         bad("code_dtype", "must be '<u2' (up to 65,536 centroids) or '<i4'")
     if "store" in m and not (isinstance(m["store"], str) and re.fullmatch(r"s\d+/", m["store"])):
         bad("store", "must be a store folder name like 's1/'")
@@ -173,6 +180,10 @@ def validate_manifest(path: Path, m: dict) -> None:
     if "metadata_digest" in m:
         if "metadata" not in m or not valid_digest(m["metadata_digest"]):
             bad("metadata_digest", "must be the digest object of the metadata file it names")
+
+
+def _check_v2_files(m: dict, bad) -> None:
+    """A format-2 manifest's files: each named with a size and a CRC, the sizes its counts make, tombstones."""
     files = m.get("files")
     if not isinstance(files, dict):
         bad("files", "must be an object")
@@ -186,7 +197,7 @@ def validate_manifest(path: Path, m: dict) -> None:
     if per_token % 8:
         bad("dim", f"× nbits must be a whole number of bytes ({d} × {m['nbits']})")
     expected = {"centroids.f16": K * d * 2, "buckets.f32": ((2 << m["nbits"]) - 1) * 4,
-                "codes.bin": T * code_sizes[m["code_dtype"]], "residuals.bin": T * per_token // 8,
+                "codes.bin": T * CODE_SIZES[m["code_dtype"]], "residuals.bin": T * per_token // 8,
                 "doclens.bin": N * 4, "sentcounts.bin": N * 4, "sentences.bin": S * 8, "passage_offsets.bin": N * 8,
                 f"ivf-{g}.offsets.bin": (K + 1) * 8, f"ivf-{g}.pids.bin": None, "passages.jsonl": None,
                 ("tokens.bin" if m.get("token_offsets", "stored") == "stored" else "sentence_tokens.bin"):

@@ -80,11 +80,14 @@ def given_passages(items, limits: Limits):
     out = []
     for i, item in enumerate(items):
         text = item if isinstance(item, str) else item.text
-        pid = str(i) if isinstance(item, str) or item.id is None else item.id
-        if len(text) > limits.max_passage_chars:
-            raise ApiError(413, f"passage {pid!r}: {len(text)} characters, at most {limits.max_passage_chars}")
-        out.append(Passage(pid, text))
+        out.append(Passage(str(i) if isinstance(item, str) or item.id is None else item.id, text))
+        check_length(out[-1].id, text, limits)
     return out
+
+
+def check_length(pid: str, text: str, limits: Limits) -> None:
+    if len(text) > limits.max_passage_chars:
+        raise ApiError(413, f"passage {pid!r}: {len(text)} characters, at most {limits.max_passage_chars}")
 
 
 def hit_json(h, explanation=None, metadata=None) -> dict:
@@ -311,9 +314,7 @@ class IndexService:
         from agrame.corpus import Passage
 
         for p in req.passages:
-            if len(p.text) > self.limits.max_passage_chars:
-                raise ApiError(413, f"passage {p.id!r}: {len(p.text)} characters, at most "
-                                    f"{self.limits.max_passage_chars}")
+            check_length(p.id, p.text, self.limits)
         passages = [Passage(p.id, p.text, metadata=p.metadata) for p in req.passages]
         with self.gate.admitted(sum(len(p.text) for p in passages)):
             manifest = self._write(lambda w: w.upsert(self.encoder, passages))
