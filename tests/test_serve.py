@@ -219,3 +219,35 @@ def test_serve_opens_its_index_once_and_reads_its_manifest_once_per_open(tmp_pat
         Index(tmp_path / "ix", model=encoder).delete(["coral-reefs"])
     assert client.post("/search", json={"query": "coral", "top_k": 2}).json()["generation"] > 1
     assert len(calls) == 2
+
+
+def test_a_reopen_racing_a_writer_is_tried_again(served, tiny_encoder, monkeypatch):
+    """A writer that commits while the server opens the new generation may replace the metadata file under
+    SQLite ("disk I/O error", seen under the write load): the open is tried again, never a 500, and a
+    reopen that keeps failing says to retry (503, Retry-After) and is tried again on the next request."""
+    import sqlite3
+
+    import agrame.index.sharded as sharded
+
+    client, path = served
+    client.post("/search", json={"query": "reef"})
+    add_passages(path, tiny_encoder, [Passage("new", "Parrotfish graze algae off reefs.")], progress=False)
+    real, failures = sharded.open_index, [1]
+
+    def flaky(*args, **kwargs):
+        if failures[0]:
+            failures[0] -= 1
+            raise sqlite3.OperationalError("disk I/O error")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sharded, "open_index", flaky)
+    r = client.post("/search", json={"query": "parrotfish", "granularity": "passage", "top_k": 1})
+    assert r.status_code == 200 and r.json()["generation"] == 2 and r.json()["passages"] == 4
+
+    add_passages(path, tiny_encoder, [Passage("newer", "Sea turtles eat seagrass.")], progress=False)
+    failures[0] = 10  # more than one request's tries: the old generation changed under it, so retry later
+    r = client.post("/search", json={"query": "turtles", "granularity": "passage", "top_k": 1})
+    assert r.status_code == 503 and "Retry-After" in r.headers and "being updated" in r.json()["error"]
+    failures[0] = 0
+    r = client.post("/search", json={"query": "turtles", "granularity": "passage", "top_k": 1})
+    assert r.status_code == 200 and r.json()["generation"] == 3 and r.json()["passages"] == 5

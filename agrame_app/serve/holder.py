@@ -4,9 +4,16 @@ a newer one (:class:`IndexHolder`), or an index object that follows its own (:cl
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Optional
+
+from .errors import RetryLater
+
+#: Opens of a new generation tried before a request gives up on it (see :meth:`IndexHolder._open`).
+OPEN_TRIES = 3
 
 
 class _Generation:
@@ -26,6 +33,7 @@ class IndexHolder:
         self.path = path
         self._lock = threading.Lock()
         self.reload_error: Optional[str] = None
+        self.mid_commit = False  # the newest generation could not be opened yet (a writer mid-commit)
         key = self._key()
         index = open_index(self.path, model=model)
         self.encoder = index.encoder
@@ -43,10 +51,19 @@ class IndexHolder:
         return (folder.st_ino, *((m.st_ino, m.st_mtime_ns, m.st_size) for m in stats))
 
     def _open(self, verify="auto") -> _Generation:
+        """The committed generation, opened. A writer committing meanwhile may replace the metadata file
+        under the open (SQLite then says "disk I/O error"): that open is tried again on what is committed
+        by then, and after :data:`OPEN_TRIES` the error goes to the caller."""
         from agrame.index.sharded import open_index
 
-        key = self._key()
-        return _Generation(open_index(self.path, model=self.encoder, verify=verify), key)
+        for attempt in range(OPEN_TRIES):
+            key = self._key()
+            try:
+                return _Generation(open_index(self.path, model=self.encoder, verify=verify), key)
+            except sqlite3.OperationalError:
+                if attempt == OPEN_TRIES - 1:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
 
     def current(self, wait: bool = False):
         """The newest committed generation (checked with two ``stat`` calls per request).
@@ -68,9 +85,12 @@ class IndexHolder:
             try:
                 key = self._key()
                 if key != self._current.key:
+                    self.mid_commit = False
                     try:
                         self._current = self._open()
                         self.reload_error = None
+                    except sqlite3.OperationalError as exc:  # still mid-commit: the next request tries again
+                        self.reload_error, self.mid_commit = str(exc), True
                     except (ValueError, OSError) as exc:  # e.g. rebuilt with another model
                         self.reload_error = str(exc)
                         self._current = _Generation(self._current.index, key)
@@ -90,6 +110,8 @@ class IndexHolder:
             # a writer that committed meanwhile removes what its generation supersedes (an old inverted
             # file, a compacted store): that is no damage, the newer generation is what to check and serve
             newer = self.current(wait=True)
+            if newer is idx and self.mid_commit:
+                raise RetryLater("the index is being updated; retry shortly") from None
             if newer is idx:
                 raise
             newer.check_unchanged()
