@@ -9,6 +9,7 @@ context, so a passage always maps to one token sequence covering all of its text
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -120,6 +121,11 @@ class EncodedQuery(NamedTuple):
 class Encoder(nn.Module):
     """A Hugging Face backbone with an optional linear projection to ``settings.dim``."""
 
+    #: Mixed precision of the backbone and projection (None: the weights' own dtype, the CPU's path). On a
+    #: GPU, bfloat16 autocast runs the transformer on its tensor cores; the token vectors still leave in
+    #: float32, so every score and loss downstream sums float32 values (training.precision sets it).
+    compute_dtype: Optional[torch.dtype] = None
+
     def __init__(self, backbone: nn.Module, tokenizer, settings: EncoderSettings,
                  projection: Optional[nn.Linear] = None, source: str = "<memory>"):
         super().__init__()
@@ -172,7 +178,9 @@ class Encoder(nn.Module):
     def with_settings(self, **changes) -> "Encoder":
         """The same weights under other settings (e.g. other markers); weights are shared, not copied."""
         settings = dataclasses.replace(self.settings, **changes)
-        return Encoder(self.backbone, self.tokenizer, settings, self.projection, source=self.source)
+        other = Encoder(self.backbone, self.tokenizer, settings, self.projection, source=self.source)
+        other.compute_dtype = self.compute_dtype
+        return other
 
     def same_query_encoding(self, marker_a: Optional[str], marker_b: Optional[str]) -> bool:
         """True when two query markers resolve to the same input (same token, or both none)."""
@@ -217,13 +225,18 @@ class Encoder(nn.Module):
                 detach_embeddings: bool = False) -> torch.Tensor:
         """Unit token vectors. ``detach_embeddings`` (training): no gradient flows back into the
         word embeddings, so frozen lower layers need no backward pass for these inputs."""
-        if detach_embeddings:
-            embeds = self.backbone.get_input_embeddings()(input_ids).detach()
-            hidden = self.backbone(inputs_embeds=embeds, attention_mask=attention_mask).last_hidden_state
-        else:
-            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        if self.projection is not None:
-            hidden = self.projection(hidden)
+        mixed = (torch.autocast(input_ids.device.type, dtype=self.compute_dtype) if self.compute_dtype is not None
+                 else contextlib.nullcontext())
+        with mixed:
+            if detach_embeddings:
+                embeds = self.backbone.get_input_embeddings()(input_ids).detach()
+                hidden = self.backbone(inputs_embeds=embeds, attention_mask=attention_mask).last_hidden_state
+            else:
+                hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            if self.projection is not None:
+                hidden = self.projection(hidden)
+        if self.compute_dtype is not None:
+            hidden = hidden.float()
         return nn.functional.normalize(hidden, p=2, dim=-1)
 
     def _tokenize(self, texts: Sequence[str]):

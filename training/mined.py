@@ -122,7 +122,7 @@ def _number(pid: str) -> int:
 
 
 def exact_rankings(model, records: Sequence[dict], depth: int = 30, device: str = "cpu", questions_per_batch: int = 32,
-                   passages_per_chunk: int = 2048) -> Iterator[Tuple[str, List[int]]]:
+                   passages_per_chunk: int = 2048, precision: str = "auto") -> Iterator[Tuple[str, List[int]]]:
     """Each record's question ranked against every distinct passage of the records (their ``pid``
     ``train-N``) by exact MaxSim with ``model`` on ``device`` — what mining with the index search did
     on the CPU, as one scan a GPU runs in seconds: ``(qid, [N, …])``, best first (ties by position)."""
@@ -136,7 +136,10 @@ def exact_rankings(model, records: Sequence[dict], depth: int = 30, device: str 
         for p in r["passages"]:
             texts.setdefault(_number(p["pid"]), p["text"])
     pids = sorted(texts)
+    from . import precision as compute
+
     ranker = Ranker(model.to(device))
+    compute.apply(model, device, precision)  # bf16 autocast encoding and TF32 on a GPU
     with torch.inference_mode():
         encoded = model.encode_passages([texts[i] for i in pids], batch_size=64)
         width = max(len(e.vectors) for e in encoded)
@@ -463,6 +466,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     er.add_argument("--out", type=Path, required=True)
     er.add_argument("--depth", type=int, default=30)
     er.add_argument("--device", default="cpu")
+    er.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                    help="auto: bfloat16 autocast and TF32 on CUDA, float32 elsewhere (training.precision)")
     sq.add_argument("--heldout-questions", type=int, default=2000, help="held-out questions written (of the held-out articles)")
     sf = sub.add_parser("scifact", help="SciFact train claims with rationales")
     gd = sub.add_parser("guard", help="held-out questions from outside the training mix (DPR NQ / TriviaQA dev)")
@@ -540,7 +545,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         records = [r for r in read(args.records) if r.get("passages")]
         partial = Path(f"{args.out}.partial")  # renamed when whole: a call cut short leaves no ranking
         with open(partial, "w") as f:
-            for qid, ranked in exact_rankings(load_encoder(args.model), records, args.depth, args.device):
+            for qid, ranked in exact_rankings(load_encoder(args.model), records, args.depth, args.device,
+                                           precision=args.precision):
                 f.write(json.dumps({"qid": qid, "ranked": ranked}) + "\n")
         partial.replace(args.out)
         print(f"ranked {len(records)} questions into {args.out}")

@@ -243,7 +243,8 @@ def evaluate(model: Optional[CrossEncoder], limit: int, seed: int, depth: int, s
     return out
 
 
-def multivector_scored(model: str, records: Sequence[dict], device: str = "cpu", records_per_batch: int = 16):
+def multivector_scored(model: str, records: Sequence[dict], device: str = "cpu", records_per_batch: int = 16,
+                       precision: str = "auto"):
     """Each record with ``teacher`` (passage MaxSim) and ``teacher_sentences`` (each sentence's
     MaxSim with the sentence query) from ``model``, as ``agrame rank`` scores them. The raw sums
     are the logits: a student that starts from this model then starts at zero passage loss.
@@ -255,7 +256,11 @@ def multivector_scored(model: str, records: Sequence[dict], device: str = "cpu",
 
     from .choose_mix import batch_record_scores, load_model
 
-    ranker = Ranker(load_model(model).to(device))
+    from . import precision as compute
+
+    encoder = load_model(model).to(device)
+    compute.apply(encoder, device, precision)  # bf16 autocast on a GPU (the scores still sum float32 vectors)
+    ranker = Ranker(encoder)
     records = list(records)
     with torch.inference_mode(), tqdm(total=len(records), desc=f"{model} scores", disable=None) as bar:
         for lo in range(0, len(records), records_per_batch):
@@ -313,6 +318,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     mv.add_argument("--out", required=True)
     mv.add_argument("--limit", type=int, default=None)
     mv.add_argument("--device", default="cpu", help="torch device of the model (e.g. cuda)")
+    mv.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                    help="auto: bfloat16 autocast and TF32 on CUDA, float32 elsewhere (training.precision)")
     e = sub.add_parser("evaluate", help="accuracy on SQuAD dev (passage P@1 among BM25 candidates, sentence P@1)")
     e.add_argument("--model", default=None, help="teacher folder; omit with --student to evaluate a multi-vector model")
     e.add_argument("--student", action="store_true", help="evaluate the multi-vector model (default or --student-model)")
@@ -353,7 +360,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         from .data import write_jsonl
 
         records = read(args.data)[: args.limit]
-        written = write_jsonl(multivector_scored(args.model, records, args.device), args.out)
+        written = write_jsonl(multivector_scored(args.model, records, args.device, precision=args.precision), args.out)
         print(f"wrote {written} records to {args.out}")
         return
     if args.command == "score":
