@@ -37,6 +37,20 @@ class LoopSettings:
     #: at the time budget, also write the final model (a device call has no later session to resume in)
     final_at_deadline: bool = False
     log_every: int = 10
+    #: A device call's schedule (issue 61): the wall-clock time (``time.time()``) by which the final model
+    #: must be written. Training runs until ``save_seconds`` before it, the learning rate's warm-up and decay
+    #: are laid on the *time* between the first step and that end (``steps`` only caps the count), and the
+    #: final model is saved inside it: a step count fixed in advance left 193 s of a 505 s call unused.
+    deadline: Optional[float] = None
+    save_seconds: float = 0.0
+
+
+def schedule_factor(progress: float, warmup: float) -> float:
+    """The learning rate's share at ``progress`` ∈ [0, 1] of a run: linear warm-up over the first
+    ``warmup`` of it, then linear decay to 0 at the end (the step schedule's shape, on a time axis)."""
+    if progress < warmup:
+        return max(progress, 1e-3) / warmup
+    return max(0.0, (1.0 - progress) / max(1e-9, 1.0 - warmup))
 
 
 def seeded(seed: int) -> None:
@@ -92,8 +106,13 @@ def train(model: torch.nn.Module, examples: Sequence, loss_fn: Callable[[List], 
                    {"params": no_decay, "weight_decay": 0.0, "lr": lr}]
     optimizer = torch.optim.AdamW(groups, lr=settings.lr)
     warm = max(1, int(settings.warmup * settings.steps))
+    clock = {"began": None, "end": None}
 
     def schedule(step: int) -> float:  # linear warm-up, then linear decay to 0
+        if clock["end"] is not None:  # on the time axis: the share of the span before the deadline gone by
+            span = max(1e-9, clock["end"] - clock["began"])
+            progress = max((time.time() - clock["began"]) / span, step / settings.steps)
+            return schedule_factor(min(1.0, progress), settings.warmup)
         if step < warm:
             return (step + 1) / warm
         return max(0.0, (settings.steps - step) / max(1, settings.steps - warm))
@@ -117,10 +136,18 @@ def train(model: torch.nn.Module, examples: Sequence, loss_fn: Callable[[List], 
         tmp.replace(ckpt)
 
     began = time.time()
+    if settings.deadline is not None:
+        clock.update(began=began, end=settings.deadline - settings.save_seconds)
+        if clock["end"] <= began:
+            raise ValueError(f"the deadline leaves no time to train ({clock['end'] - began:.1f} s before saving)")
+        for group, lr in zip(optimizer.param_groups, scheduler.base_lrs):  # the first step's warm-up share
+            group["lr"] = lr * schedule(start)
     model.train()
-    running, seen = 0.0, 0
+    running, seen = None, 0
     bar = tqdm(total=settings.steps, initial=start, desc=f"train {folder.name}", disable=None)
     step = start
+    cuda = next((p.device for p in params if p.device.type == "cuda"), None)
+    last = time.time()
     for step, idx in batches(len(examples), settings.batch_size, settings.seed, start, settings.steps):
         torch.manual_seed(settings.seed * 1_000_003 + step)  # dropout replays exactly after a resume
         loss = loss_fn([examples[i] for i in idx])
@@ -129,18 +156,24 @@ def train(model: torch.nn.Module, examples: Sequence, loss_fn: Callable[[List], 
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         scheduler.step()
-        value = float(loss.detach())
-        if not math.isfinite(value):
-            raise FloatingPointError(f"loss is {value} at step {step}")
-        running += value
+        # the loss stays on its device until it is logged: reading it every step waits for the device
+        running = loss.detach() if running is None else running + loss.detach()
         seen += 1
         bar.update(1)
         if (step + 1) % settings.log_every == 0:
-            log.info("step %d loss %.4f lr %.2e", step + 1, running / seen, scheduler.get_last_lr()[0])
-            bar.set_postfix(loss=f"{running / seen:.4f}")
-            running, seen = 0.0, 0
-        if (step + 1) % settings.checkpoint_every == 0:
+            value = float(running) / seen
+            if not math.isfinite(value):
+                raise FloatingPointError(f"loss is {value} in the {seen} steps to step {step + 1}")
+            memory = f" gpu_peak_gb {torch.cuda.max_memory_allocated(cuda) / 2 ** 30:.1f}" if cuda is not None else ""
+            log.info("step %d loss %.4f lr %.2e%s", step + 1, value, scheduler.get_last_lr()[0], memory)
+            bar.set_postfix(loss=f"{value:.4f}")
+            running, seen = None, 0
+        if settings.checkpoint_every and (step + 1) % settings.checkpoint_every == 0:
             checkpoint(step + 1)
+        now = time.time()
+        if clock["end"] is not None and now + (now - last) >= clock["end"]:  # another step would pass the end
+            break
+        last = now
         if settings.minutes is not None and time.time() - began > 60 * settings.minutes:
             checkpoint(step + 1)
             if settings.final_at_deadline and save is not None:
@@ -150,10 +183,14 @@ def train(model: torch.nn.Module, examples: Sequence, loss_fn: Callable[[List], 
             bar.close()
             return {"step": step + 1, "done": False}
     bar.close()
+    if running is not None and not math.isfinite(float(running)):
+        raise FloatingPointError(f"loss is {float(running) / seen} in the last {seen} steps to step {step + 1}")
     done_step = max(start, step + 1 if settings.steps > start else start)
-    checkpoint(done_step)
+    if settings.checkpoint_every:
+        checkpoint(done_step)
     model.eval()
     if save is not None:
         save(folder / "final")
-    log.info("done at step %d", done_step)
+    log.info("done at step %d%s", done_step,
+             f" ({time.time() - began:.1f} s of training, the deadline's)" if clock["end"] is not None else "")
     return {"step": done_step, "done": True}
