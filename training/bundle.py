@@ -18,16 +18,19 @@ With ``--runs`` the SQuAD records are remixed *here* with the committed ranking 
 scan (``training/rankings/``: each question's 4 mined + 3 BM25 negatives, as ``training.mined squad
 --ranking`` writes them), so the call spends nothing on mining (``--mine`` still packs a scan instead).
 
-What runs there (``run``, behind ``run.sh``): θ₀ rebuilt in float32 (``AGRAME_MINILM`` points every
-process at it), the distill records scored by the zero-shot teacher on the device (beside a mining
-scan, when one was packed, whose ranking then gives each question 4 of its 7 negatives: ``--mined``),
-a short calibration of the students side by side at the call's batch size (64 questions a step on a
-GPU, the learning rate scaled by the square-root rule: :func:`scaled_lr`), which also measures what
-saving a student costs (the time kept for it), the step count that fits the time budget, the students
-trained side by side (``training/scale.sh``'s recipe: the candidate, its passage-only twin, the
-128-d candidate), and each one's change over θ₀ written to ``--out`` as files of at most 15 MiB:
-float16 differences of the changed matrices (float32: the tensors whole), changed embedding rows
-exactly, the projection whole, its settings and train log in the first file's metadata.
+What runs there (``run``, behind ``run.sh``; one run a machine, :data:`LOCK`): θ₀ rebuilt in float32
+(``AGRAME_MINILM`` points every process at it), the distill records scored by the zero-shot teacher on the
+device unless they were scored here (beside a mining scan, when one was packed, whose ranking then gives each
+question 4 of its 7 negatives: ``--mined``), then the students side by side (``training/scale.sh``'s recipe:
+the candidate, its passage-only twin, the 128-d candidate, any of them pooling-aware as ``NAME-poolF``) at the
+call's batch size (64 questions a step on a GPU, the learning rate scaled by the square-root rule:
+:func:`scaled_lr`), in bfloat16 autocast with TF32 (``training.precision``), each training until one deadline
+— the call's end less what packing takes — with its learning-rate schedule laid on that time, so each makes as
+many steps as its speed allows (issue 61: a step count fixed by a calibration left 193 s of 505 unused); and
+each one's change over θ₀ written to ``--out`` as files of at most 15 MiB: float16 differences of the changed
+matrices (float32: the tensors whole), changed embedding rows exactly, the projection whole, its settings and
+train log in the first file's metadata. ``run.json`` reports each student's steps, question-steps, seconds a
+step, peak GPU memory and (pooling-aware) the device clustering's check against :mod:`agrame.pooling`.
 
 What comes back (``unpack``): each student rebuilt over the *true* weights here (the rounding of θ₀
 is far below training's change), refused when the result's base fingerprint is not the local one,
@@ -64,6 +67,32 @@ RECIPE = ["--layers", "6", "--query-marker", "none", "--batch-size", "8", "--lr"
 MODELS = {"agrame": ("zero-shot", ["--dim", "0", "--sentence-marker", "Q'"]),
           "colbert": ("zero-shot", ["--dim", "0", "--sentence-weight", "0"]),
           "agrame128": ("zero-shot-128", ["--dim", "128", "--sentence-marker", "Q'"])}
+#: A student's name may end in ``-poolF``: the same student trained pooling-aware for an index built with
+#: ``--pool-factor F`` (issue 61: ``agrame128`` and ``agrame128-pool2`` side by side, under one teacher stage).
+_POOLED = re.compile(r"^(?P<base>.+)-pool(?P<factor>\d+(?:\.\d+)?)$")
+
+
+def model_spec(name: str) -> Tuple[str, List[str]]:
+    """``(start model, student arguments)`` of a student name (:data:`MODELS`, optionally ``-poolF``)."""
+    match = _POOLED.match(name)
+    base = match.group("base") if match else name
+    if base not in MODELS:
+        raise BundleError(f"unknown model {name!r}; choose from {sorted(MODELS)}, each optionally with -poolF "
+                          "(e.g. agrame128-pool2)")
+    start, args = MODELS[base]
+    if not match:
+        return start, list(args)
+    from agrame.pooling import check_pool_factor
+
+    try:
+        factor = check_pool_factor(match.group("factor"))
+    except ValueError as exc:
+        raise BundleError(f"model {name!r}: {exc}") from None
+    if factor == 1:
+        raise BundleError(f"model {name!r}: -pool1 is {base} itself")
+    return start, list(args) + ["--pool-factor", f"{factor:g}"]
+
+
 #: transformers < 4.58, its tokenizers and its huggingface-hub (< 1.0: the machine's 1.x fails
 #: transformers 4.48's import-time version check — the first device call stopped there), as wheels for
 #: the machine's Python (pure Python / abi3).
@@ -404,9 +433,7 @@ def pack(out: Path, *, train: Sequence[str], distill: Sequence[str], models: Seq
         raise BundleError(str(exc)) from None
     if pool_factor != 1:
         extra_args = list(extra_args) + ["--pool-factor", f"{pool_factor:g}"]
-    unknown = [m for m in models if m not in MODELS]
-    if unknown:
-        raise BundleError(f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
+    specs = {m: model_spec(m) for m in models}  # (refuses an unknown name before anything is read)
     if out.exists():
         raise BundleError(f"{out} already exists: choose another folder or remove it")
     started = time.time()
@@ -430,14 +457,14 @@ def pack(out: Path, *, train: Sequence[str], distill: Sequence[str], models: Seq
             train_files[which[0]] = (name, remixed, copies)
             mined_from = {"records": name, "ranking": Path(ranking[1]).name, "mined": mined, "questions": covered}
             say(f"remixed {name} with {Path(ranking[1]).name}: {covered} questions, {mined} mined negatives each")
-        manifest = _pack(out, train_files, distill_files, models, precision, wheels, limit_mib, extra_args, mine,
+        manifest = _pack(out, train_files, distill_files, specs, precision, wheels, limit_mib, extra_args, mine,
                          mined_from, started, say)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return manifest
 
 
-def _pack(out: Path, train_files, distill_files, models, precision, wheels, limit_mib, extra_args, mine,
+def _pack(out: Path, train_files, distill_files, specs, precision, wheels, limit_mib, extra_args, mine,
           mined_from, started, say) -> dict:
     from_checkout = limit_mib is None
     if limit_mib is None:
@@ -451,13 +478,13 @@ def _pack(out: Path, train_files, distill_files, models, precision, wheels, limi
     parts["base"] = base
     if mine is not None and mine[0] not in [n for n, _, _ in train_files]:
         raise BundleError(f"--mine {mine[0]}: not one of the training files ({[n for n, _, _ in train_files]})")
-    parts["starts"] = _start_parts(sorted({MODELS[m][0] for m in models} | ({mine[1]} if mine else set())))
+    parts["starts"] = _start_parts(sorted({start for start, _ in specs.values()} | ({mine[1]} if mine else set())))
     parts["wheels"] = _wheels(wheels)
     manifest = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "base_fingerprint": fingerprint, "precision": precision,
                 "train": [[n, c] for n, _, c in train_files], "distill": [[n, c] for n, _, c in distill_files],
                 "recipe": RECIPE + list(extra_args),
-                "models": {m: {"start": MODELS[m][0], "args": MODELS[m][1]} for m in models},
+                "models": {m: {"start": start, "args": args} for m, (start, args) in specs.items()},
                 "mine": None if mine is None else {"records": mine[0], "model": mine[1]},
                 "mined_from": mined_from,
                 "sizes": {k: sum(len(b) for b in v.values()) for k, v in parts.items()}}
@@ -555,13 +582,6 @@ def seconds_per_step(log: Path) -> float:
     return (times[b] - times[a]).total_seconds() / (b - a)
 
 
-def steps_for(seconds_left: float, per_step: float, *, low: int = 200, high: int = 8000, margin: float = 0.88) -> int:
-    """Steps that fit ``seconds_left`` at ``per_step`` (with a margin for saving), in hundreds, within
-    [low, high]."""
-    fit = int(seconds_left / max(per_step, 1e-9) * margin) // 100 * 100
-    return max(low, min(high, fit))
-
-
 def recipe_value(recipe: Sequence[str], flag: str) -> str:
     """The last value ``recipe`` gives ``flag`` (later arguments win, as argparse reads them)."""
     values = [b for a, b in zip(recipe, recipe[1:]) if a == flag]
@@ -596,22 +616,17 @@ def _student_args(manifest: dict, model: str, work: Path, data: List[str], devic
             + ["--device", device, "--data", *data])
 
 
-def saving_seconds(run_dir: Path, base: Path, manifest: dict, name: str, scratch: Path) -> float:
-    """What saving one student costs, measured on a calibration run: its final save (the last logged step to
-    the newest file of ``final/``) plus packing its change over θ₀ (:func:`pack_student`, timed into ``scratch``)."""
-    times = step_times(run_dir / "train.log")
-    final = run_dir / "final"
-    saved = max(f.stat().st_mtime for f in final.iterdir()) if final.is_dir() else None
-    save = max(0.0, saved - times[max(times)].timestamp()) if times and saved else 0.0
-    t0 = time.time()
-    pack_student(run_dir, base, scratch, name, manifest)
-    return save + time.time() - t0
+#: Seconds kept after the students' deadline for packing each one's change over θ₀ (:func:`pack_student`,
+#: ~2 s for MiniLM: the calibration of 2026-11-27 measured 2.2 s with the final save), and for the report.
+PACK_SECONDS = 4.0
+REPORT_SECONDS = 3.0
+#: Seconds a student keeps before its deadline for writing its final model (``training.student --save-seconds``).
+SAVE_SECONDS = 5.0
 
 
-def reserve_for(saving: float, models: int) -> float:
-    """Seconds kept for saving and packing after training: the measured cost of every student's (packing is
-    one after another) twice over, and 10 s more for the report — at least 15 s."""
-    return max(15.0, 2 * saving * models + 10)
+def student_deadline(start: float, budget: float, students: int) -> float:
+    """When each student's final model must be written: the call's end less packing and the report."""
+    return start + budget - PACK_SECONDS * students - REPORT_SECONDS
 
 
 def _cores_each(processes: int) -> str:
@@ -661,9 +676,46 @@ def _side_by_side(commands: Dict[str, List[str]], logs: Path, env: dict,
     return codes
 
 
+#: One run at a time on a machine: two bundle runs at once (2026-11-27, 8 threads each, 48 threads on 16
+#: cores) never finished their teacher stage. The second is refused while the first holds this lock.
+LOCK = Path(os.environ.get("AGRAME_BUNDLE_LOCK", Path(tempfile.gettempdir()) / "agrame-bundle-run.lock"))
+
+
+def _exclusive(lock: Path):
+    """Hold ``lock`` (an open file with an exclusive ``flock``) for this run, or refuse naming the holder."""
+    import fcntl
+
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(lock, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise BundleError(f"another bundle run is on this machine ({holder}, lock {lock}): two runs share its cores "
+                          "and GPU and neither keeps its schedule; wait for it, or train both students in one "
+                          "run (--models A B)") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def check_threads(threads: Optional[int], processes: int, cores: Optional[int] = None) -> None:
+    """Refuse ``--threads`` that would put more threads than cores on the machine across ``processes``."""
+    cores = cores or os.cpu_count() or 1
+    if threads and threads * processes > cores:
+        raise BundleError(f"--threads {threads} × {processes} processes side by side = {threads * processes} threads "
+                          f"on {cores} cores: at most {max(1, cores // processes)} each (or leave --threads out)")
+
+
 def run(bundle: Path, out: Path, work: Path, **kwargs) -> dict:
-    """:func:`_run`, and then no process of it left running nor a partial ranking left in ``out`` (the
-    mining scan runs beside the stages, so a stage's error would otherwise leave it writing there)."""
+    """:func:`_run` under the machine's one-run lock (:data:`LOCK`), and then no process of it left running
+    nor a partial ranking left in ``out`` (the mining scan runs beside the stages, so a stage's error would
+    otherwise leave it writing there)."""
+    lock = _exclusive(kwargs.pop("lock", LOCK))
     try:
         return _run(bundle, out, work, **kwargs)
     finally:
@@ -674,22 +726,26 @@ def run(bundle: Path, out: Path, work: Path, **kwargs) -> dict:
         _CHILDREN.clear()
         for partial in out.glob("*.partial"):
             partial.unlink()
+        lock.close()
 
 
 def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: float = 540.0,
-         steps: Optional[int] = None, calibration_steps: int = 40, models: Optional[Sequence[str]] = None,
+         steps: Optional[int] = None, models: Optional[Sequence[str]] = None,
          threads: Optional[int] = None, mine_only: bool = False, mined: int = 4,
          batch_size: Optional[int] = None, lr: Optional[float] = None, say=print) -> dict:
-    """Everything the device machine does, in ``budget`` seconds (the teacher, calibration and training).
+    """Everything the device machine does, in ``budget`` seconds (the teacher, then the students).
 
+    The students train side by side until one deadline (:func:`student_deadline`: the call's end less packing
+    and the report), each its own number of steps at its own speed, the learning-rate schedule laid on the
+    time (``training.loop``); no periodic checkpoints (no call resumes). ``steps``: a fixed count instead.
     ``mined``: with a mining scan in the bundle, the students train on its records with that many of each
     question's negatives taken from the scan's ranking (the recipe's 4 mined + 3 BM25;
     ``training.mined.remix_records``) — the scan is waited for at the teacher stage's deadline, and a
     scan not done by then is stopped and the records are used as packed (the report says so). 0: as
     packed, the ranking only brought back. ``mine_only``: the mining scan alone (a short call).
     ``batch_size``: questions a step (default: :data:`DEVICE_BATCH` on a GPU, the recipe's on the CPU), with
-    ``lr`` (default: the recipe's scaled by :func:`scaled_lr`). The time kept for saving is measured on the
-    calibration students (:func:`saving_seconds`), not fixed."""
+    ``lr`` (default: the recipe's scaled by :func:`scaled_lr`). ``threads``: OMP_NUM_THREADS of each process
+    (default: the cores shared among the processes side by side; refused when more in all)."""
     t0 = time.time()
     elapsed = lambda: round(time.time() - t0, 1)  # noqa: E731
     out.mkdir(parents=True, exist_ok=True)
@@ -701,14 +757,13 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
     shape = batch_shape(manifest["recipe"], device, batch_size, lr)
     batch_size, lr = shape
     env = {**os.environ, "AGRAME_MINILM": str(work / "base"), "PYTHONUNBUFFERED": "1",
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": os.pathsep.join(
+           "TOKENIZERS_PARALLELISM": "false", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+           "PYTHONPATH": os.pathsep.join(
                [str(bundle / "code")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
     report = {"bundle": manifest["created"], "base_fingerprint": manifest["base_fingerprint"], "device": device,
               "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-              "models": models, "batch_size": batch_size, "lr": lr, "mined_from": manifest.get("mined_from"),
-              "setup_s": elapsed()}
+              "cores": os.cpu_count(), "models": models, "batch_size": batch_size, "lr": lr,
+              "mined_from": manifest.get("mined_from"), "setup_s": elapsed()}
     say(f"setup at {elapsed()} s")
     data = [str(work / "data" / n) + f"@{c}" for n, c in manifest["train"]]
     scoring = {}
@@ -723,6 +778,10 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
         scoring["mine"] = ["-m", "training.mined", "exact-rank", "--model", str(work / "starts" / mine["model"]),
                            "--records", str(work / "data" / mine["records"]), "--out", str(out / "squad-ranking.jsonl"),
                            "--device", device]
+    # every stage's processes side by side share the cores: the teacher's (with the scan), then the students'
+    check_threads(threads, max(len(scoring), 1 if mine_only else len(models)))
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     if mine_only:
         if "mine" not in scoring:
             raise BundleError("--mine-only: the bundle has no mining scan (pack it with --mine RECORDS MODEL)")
@@ -737,86 +796,102 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
     # The mining scan starts beside the teacher but is waited for only at the end: the students need
     # the teacher's scores, not the ranking, and it shares the device with their steps.
     teacher_env = dict(env)
-    teacher_env.setdefault("OMP_NUM_THREADS", _cores_each(len(scoring)))
+    teacher_env.setdefault("OMP_NUM_THREADS", _cores_each(len(scoring)))  # (the scan counted among them)
     mining = _start({"mine": scoring.pop("mine")}, work / "logs" / "mine", teacher_env) if mine else {}
     progress = lambda stage: (out / "run.json").write_text(  # noqa: E731  (a call cut short still reports)
         json.dumps({**report, "stage": stage, "at_s": elapsed()}, indent=2) + "\n")
-    progress("teacher")
-    # the teacher's share of the budget: past it, training could not have its steps anyway
-    codes = _side_by_side(scoring, work / "logs" / "teacher", teacher_env, deadline=t0 + budget * 0.5)
-    if any(codes.values()):
-        raise BundleError(f"teacher scoring failed: {codes} (logs in {work / 'logs' / 'teacher'})")
+    if scoring:
+        progress("teacher")
+        # the teacher's share of the budget: past it, training could not have its steps anyway
+        codes = _side_by_side(scoring, work / "logs" / "teacher", teacher_env, deadline=t0 + budget * 0.5)
+        if any(codes.values()):
+            raise BundleError(f"teacher scoring failed: {codes} (logs in {work / 'logs' / 'teacher'})")
+        say(f"distill records scored at {elapsed()} s")
     report["teacher_s"] = elapsed()
-    say(f"distill records scored at {elapsed()} s")
     if mining and mined:  # the students' SQuAD negatives from the scan, if it is done in the teacher's share
         progress("mining")
         data, report["mining"] = _remix(mining, mine, mined, data, work, out, deadline=t0 + budget * 0.5)
         report["mining"]["at_s"] = elapsed()
         mining = {}
         say(f"mining: {report['mining']['records'] or 'none'} records remixed at {elapsed()} s")
-    progress("calibration")
-    if steps is None:
-        measured = _calibrate(manifest, models, work, data, device, shape, env, calibration_steps,
-                              deadline=t0 + budget * 0.75)
-        left = budget - (time.time() - t0) - measured["reserve_s"]
-        steps = steps_for(left, measured["seconds_per_step"])
-        report.update(calibration_steps=calibration_steps, **measured, steps=steps)
-        say(f"calibrated at {elapsed()} s: {measured['seconds_per_step']:.3f} s a step for {len(models)} side by "
-            f"side at batch {batch_size}; saving {measured['saving_s']:.1f} s a student, "
-            f"{measured['reserve_s']:.0f} s kept; {steps} steps")
-        # the cap keeps the call's deadline; a student it stops still leaves its model (no session resumes it)
-        minutes = ["--minutes", f"{max(0.5, left / 60):.2f}", "--final-at-deadline"]
-    else:
-        report["steps"] = steps
-        minutes = []
     progress("training")
-    codes = _side_by_side({m: ["-m", "training.student", *_student_args(manifest, m, work, data, device, shape),
-                               "--steps", str(steps), *minutes, "--out", str(work / "big" / m)] for m in models},
-                          work / "logs" / "train", env)
+    if steps is None:
+        deadline = student_deadline(t0, budget, len(models))
+        schedule = ["--steps", "1000000", "--deadline", f"{deadline:.3f}", "--save-seconds", f"{SAVE_SECONDS:g}"]
+        report["students_deadline_s"] = round(deadline - t0, 1)
+        say(f"training {', '.join(models)} side by side until {deadline - t0:.0f} s")
+    else:
+        deadline, schedule = None, ["--steps", str(steps)]
+    share = ["--memory-fraction", f"{0.95 / len(models):.3f}"] if str(device).startswith("cuda") and len(models) > 1 \
+        else []
+    procs = _start({m: ["-m", "training.student", *_student_args(manifest, m, work, data, device, shape), *schedule,
+                        "--checkpoint-every", "0", *share, "--out", str(work / "big" / m)] for m in models},
+                   work / "logs" / "train", env)
+    # a student still running well past its deadline is stopped (the call's end must hold)
+    codes, late = _wait(procs, None if deadline is None else t0 + budget - PACK_SECONDS * len(models) / 2)
     report["trained_s"] = elapsed()
-    report["question_steps"] = steps * batch_size  # a student's questions seen (issue 51's aim: ≥ 80,000)
-    report["students"] = _pack_students(codes, work, out, manifest)
+    report["students"] = _pack_students(codes, work, out, manifest, batch_size, late)
+    report["question_steps"] = {m: r.get("question_steps", 0) for m, r in report["students"].items()}
     if mining:
         report["mining"] = _mining_done(mining, t0 + budget - 10, work, out)
         say(f"mining: exit {report['mining']['exit']}"
             + (", stopped at the deadline" if report["mining"]["stopped_at_deadline"] else ""))
     report["done_s"] = elapsed()
-    report["unused_s"] = round(budget - report["done_s"], 1)  # what the reserve left over (the next call's check)
+    report["unused_s"] = round(budget - report["done_s"], 1)  # the reserve left over (issue 61: ≤ 30 s)
     (out / "run.json").write_text(json.dumps(report, indent=2) + "\n")
-    say(f"done at {elapsed()} s")
+    say(f"done at {elapsed()} s: " + ", ".join(f"{m} {q:,} question-steps" for m, q in report["question_steps"].items()))
     return report
 
 
-def _pack_students(codes: Dict[str, int], work: Path, out: Path, manifest: dict) -> Dict[str, dict]:
-    """Each trained student's change over θ₀ into ``out`` (:func:`pack_student`), or why there is none."""
+def student_summary(run_dir: Path, batch_size: int) -> dict:
+    """What a student's ``train.log`` and ``training.json`` say: steps, question-steps, seconds a step,
+    the last logged loss, its peak GPU memory, and the device pooling's check (a pooling-aware student)."""
+    text = (run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else ""
+    done = re.findall(r"done at step (\d+)", text)
+    spent = re.findall(r"done at step \d+ \((\S+) s of training", text)
+    logged = re.findall(r"step (\d+) loss (\S+) lr \S+(?: gpu_peak_gb (\S+))?", text)
+    out: dict = {}
+    if done:
+        out["steps"] = int(done[-1])
+        out["question_steps"] = int(done[-1]) * batch_size
+    if spent:
+        out["training_s"] = float(spent[-1])  # first step to last (the model's loading before it not counted)
+    if logged:
+        out["last_loss"] = float(logged[-1][1])
+        peaks = [float(g) for _, _, g in logged if g]
+        if peaks:
+            out["gpu_peak_gb"] = max(peaks)
+    times = step_times(run_dir / "train.log") if text else {}
+    if len(times) >= 2:
+        out["seconds_per_step"] = round(seconds_per_step(run_dir / "train.log"), 4)
+    settings = run_dir / "final" / "training.json"
+    if settings.exists():
+        record = json.loads(settings.read_text())
+        out.update({k: record[k] for k in ("pool_factor", "precision", "pooling_check") if k in record})
+    return out
+
+
+def _pack_students(codes: Dict[str, int], work: Path, out: Path, manifest: dict, batch_size: int,
+                   late: Sequence[str] = ()) -> Dict[str, dict]:
+    """Each trained student's change over θ₀ into ``out`` (:func:`pack_student`) with its summary
+    (:func:`student_summary`), or why there is none."""
     students = {}
     for m, code in codes.items():
         final = work / "big" / m / "final"
-        if code or not (final / "agrame.json").exists():
-            students[m] = {"error": f"exit {code}, no final model",
+        summary = student_summary(work / "big" / m, batch_size)
+        # finished: its final model written (the log's "done" comes after the save), even if the process was
+        # stopped in its teardown after that
+        if "steps" not in summary or not (final / "agrame.json").exists():
+            why = "stopped past its deadline" if m in late else f"exit {code}"
+            students[m] = {"error": f"{why}, no final model", **summary,
                            "log": (work / "logs" / "train" / f"{m}.log").read_text()[-2000:]}
             continue
+        if code:
+            summary["exit"] = "stopped after its final save" if m in late else code
         files = pack_student(work / "big" / m, work / "base", out, m, manifest)
-        students[m] = {"files": files, "last_log": (work / "big" / m / "train.log").read_text()
-                       .strip().splitlines()[-1:]}
+        students[m] = {"files": files, **summary,
+                       "last_log": (work / "big" / m / "train.log").read_text().strip().splitlines()[-1:]}
     return students
-
-
-def _calibrate(manifest: dict, models: Sequence[str], work: Path, data: List[str], device: str,
-               shape: Tuple[int, float], env: dict, calibration_steps: int, deadline: float) -> dict:
-    """A few steps of every student side by side: seconds a step (the slowest's), and what saving and packing a
-    student costs with the time kept for it (:func:`saving_seconds`, :func:`reserve_for`)."""
-    cal = work / "cal"
-    codes = _side_by_side({m: ["-m", "training.student", *_student_args(manifest, m, work, data, device, shape),
-                               "--steps", str(calibration_steps), "--out", str(cal / m)] for m in models},
-                          work / "logs" / "cal", env, deadline=deadline)
-    if any(codes.values()):
-        raise BundleError(f"calibration failed: {codes} (logs in {work / 'logs' / 'cal'})")
-    per_step = max(seconds_per_step(cal / m / "train.log") for m in models)
-    saving = max(saving_seconds(cal / m, work / "base", manifest, m, work / "cal-packed") for m in models)
-    shutil.rmtree(work / "cal-packed", ignore_errors=True)
-    return {"seconds_per_step": round(per_step, 4), "saving_s": round(saving, 1),
-            "reserve_s": round(reserve_for(saving, len(models)), 1)}
 
 
 def _mining_done(mining: Dict[str, subprocess.Popen], deadline: float, work: Path, out: Path) -> dict:
@@ -1018,7 +1093,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         "(distill-T-scored.jsonl, as training records) or unscored (the teacher scores them there)")
     p.add_argument("--train", nargs="*", default=[], help="labelled records FILE[@N], used as they are")
     p.add_argument("--distill", nargs="*", default=[], help="records FILE[@N] scored by the zero-shot teacher there")
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--models", nargs="+", default=list(MODELS),
+                   help=f"students to pack: {', '.join(MODELS)}, each optionally -poolF (pooling-aware for "
+                        "--pool-factor F, e.g. agrame128-pool2 beside agrame128)")
     p.add_argument("--precision", choices=("float16", "float32"), default="float16",
                    help="θ₀ and the change as carried (float32: exact, for tests and small models)")
     p.add_argument("--wheels", default="download", help="'download' (from PyPI, here), a folder of .whl, or 'none'")
@@ -1040,8 +1117,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     r.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "agrame-bundle-work")
     r.add_argument("--device", default="cuda")
     r.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run")
-    r.add_argument("--steps", type=int, default=None, help="train this many steps (no calibration)")
-    r.add_argument("--calibration-steps", type=int, default=40)
+    r.add_argument("--steps", type=int, default=None,
+                   help="train this many steps (default: until the budget's end, the schedule laid on the time)")
     r.add_argument("--models", nargs="+", default=None,
                    help=f"the students to train (default: all the bundle holds); --models {CANDIDATE} trains the "
                         "candidate alone for the whole call")
@@ -1072,7 +1149,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                  limit_mib=args.limit_mib, extra_args=args.extra_args.split(), pool_factor=args.pool_factor)
         elif args.command == "run":
             run(args.bundle, args.out, args.work, device=args.device, budget=args.budget, steps=args.steps,
-                calibration_steps=args.calibration_steps, models=args.models, threads=args.threads,
+                models=args.models, threads=args.threads,
                 mine_only=args.mine_only, mined=args.mined, batch_size=args.batch_size, lr=args.lr)
         else:
             unpack(args.result, args.out, export=not args.no_export)
