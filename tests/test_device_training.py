@@ -153,9 +153,9 @@ def test_a_pooling_aware_student_step_keeps_every_tensor_on_the_encoders_device(
 
 def test_a_bf16_step_matches_float32_within_tolerance(make_tiny_encoder):
     """bfloat16 autocast of the backbone (float32 master weights, float32 vectors out): one step's loss within
-    2 % of float32's, the whole gradient within 10 % (relative norm of the difference) and each tuned tensor's
-    of any size within cosine 0.98 of float32's (bfloat16 keeps 8 bits of mantissa: ~0.4 % a value). On the
-    CPU here; CUDA's autocast runs the same graph."""
+    1 % of float32's, the whole gradient within 5 % (relative norm of the difference; measured: 0.02 % and
+    0.5 %) and each tuned tensor's of any size within cosine 0.98 of float32's (bfloat16 keeps 8 bits of
+    mantissa: ~0.4 % a value). On the CPU here; CUDA's autocast runs the same graph."""
     batch = [record(q, order) for q, order in (("why do reefs bleach", [0, 1, 2]), ("the tower", [2, 3, 0]),
                                                ("what fish do", [3, 0, 1]))]
     results = {}
@@ -170,9 +170,9 @@ def test_a_bf16_step_matches_float32_within_tolerance(make_tiny_encoder):
         loss.backward()
         results[mode] = (float(loss.detach()), [p.grad.clone() for p in params])
     (loss32, grads32), (loss16, grads16) = results["fp32"], results["bf16"]
-    assert loss16 == pytest.approx(loss32, rel=2e-2)
+    assert loss16 == pytest.approx(loss32, rel=1e-2)
     flat32, flat16 = torch.cat([g.flatten() for g in grads32]), torch.cat([g.flatten() for g in grads16])
-    assert (flat16 - flat32).norm() / flat32.norm() < 0.1
+    assert (flat16 - flat32).norm() / flat32.norm() < 0.05
     largest = max(float(g.norm()) for g in grads32)
     for a, b in zip(grads32, grads16):
         if a.norm() > 1e-3 * largest:  # (a key bias's gradient is zero but for rounding: no direction to keep)
