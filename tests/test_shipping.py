@@ -121,3 +121,26 @@ def test_evidence_ranks_a_claims_article_with_a_tiny_model(tiny_encoder, tmp_pat
     assert result["sample"]["questions"] == 2 and result["per_question"]["ids"] == ["wice-0", "wice-2"]
     assert result["bm25"]["sent_p1"] == 100.0  # both claims share their words with a gold sentence only
     assert set(result["per_question"]) == {"ids", "sent_p1", "sent_hit5", "sent_mrr"}
+
+
+def test_a_successor_is_judged_against_the_default_with_its_own_gain_row():
+    # issue 61: every row against the current default (≥ −1 or not significantly below), squad-dev sentence
+    # P@1 ≥ +1 over it; here zero-shot as the "successor" of the committed default, on the committed rows
+    from benchmarks.shipping import ROWS, render, verdict
+
+    rows = {r["row"]: r for r in verdict("zero-shot", reference="gpu2100-agrame128", gain=1)}
+    gain = rows["squad-dev sentence P@1"]
+    assert gain["bound"] == 1 and gain["verdict"] == "missed (≥ +1)" and gain["difference"] < 0
+    assert gain["files"] == ["open_domain-squad-dev-colbert-zeroshot-psg-ship-zero-shot.json",
+                             "open_domain-squad-dev-colbert-zeroshot-psg-ship-gpu2100-agrame128.json"]
+    assert all(rows[name]["bound"] == -1 for name, *_ in ROWS if name != "squad-dev sentence P@1")
+    assert render("zero-shot", reference="gpu2100-agrame128", gain=1).startswith(
+        "| row | `zero-shot` | `gpu2100-agrame128` |")
+
+
+def test_the_wice_train_claims_are_a_split_for_choosing():
+    from benchmarks.evidence import load_claims
+
+    train, dev = load_claims("train"), load_claims("dev")
+    assert len(train) == 374 and len(dev) == 306
+    assert all(c["gold"] for c in train) and not {c["id"] for c in train} & {c["id"] for c in dev}

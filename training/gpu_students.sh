@@ -4,6 +4,8 @@
 #   bash training/gpu_students.sh                 # data, then every student mixed under the 500-question guards
 #   GUARDS=2000 bash training/gpu_students.sh     # the same under the 2,000-question guard sets
 #   ONLY="agrame128" bash training/gpu_students.sh   # some students only (agrame, colbert, agrame128)
+#   PREFIX=gpu400b64 ONLY=agrame128 GUARDS=2000 MIXES="0.5 0.75 1" bash training/gpu_students.sh
+#                                                  # another call's student (../shared/models/gpu400b64-agrame128)
 #   RUN=echo bash training/gpu_students.sh        # print the stages, run nothing (tests/test_scripts.py)
 # then the full protocol: bash training/scale_eval.sh gpu-agrame gpu-colbert gpu-agrame128
 # Stages:
@@ -16,6 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 R=${AGRAME_RUNS:-runs}/big
 S=${STUDENTS:-../shared/models}    # where the students' folders are
+PREFIX=${PREFIX:-gpu2100}          # the students' folder names: PREFIX-agrame, PREFIX-agrame128, …
 M=${M:-$R/gpu}
 . training/guards.sh
 MIXES=${MIXES:-}
@@ -31,7 +34,7 @@ for what in ${ONLY:-agrame agrame128 colbert}; do
     agrame128) start=zero-shot-128 ;;
     *) echo "gpu_students: unknown student '$what' (agrame, colbert, agrame128)" >&2; exit 2 ;;
   esac
-  name=gpu2100-$what
+  name=$PREFIX-$what
   [ -n "$RUN" ] || [ -e "$S/$name/agrame.json" ] || { echo "gpu_students: $S/$name not found (STUDENTS=folder)" >&2; exit 2; }
   mix "$name" "$S/$name" "$start"
   [ -e "$M/export/$name-$G/delta.json" ] || $RUN python -m training.export --model "$M/$name-$G" --out "$M/export/$name-$G"
