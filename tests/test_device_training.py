@@ -276,3 +276,14 @@ def test_a_students_summary_comes_from_its_log_and_settings(tmp_path):
                        "seconds_per_step": 0.2, "pool_factor": 2, "precision": "bf16",
                        "pooling_check": [{"passages": 512, "identical": 512}]}
     assert bundle.student_deadline(100.0, 540.0, 2) == 100.0 + 540.0 - 2 * bundle.PACK_SECONDS - bundle.REPORT_SECONDS
+
+
+def test_the_clustering_benchmark_times_a_batch_and_checks_it_against_the_host(tmp_path):
+    from benchmarks.pool_batch import main, measure, synthetic_passages
+
+    cases = synthetic_passages(3, 16, seed=1)
+    assert all(100 <= len(s) <= 256 and s[0] == s[1] == s[-1] == -1 for _, s in cases)
+    result = measure("cpu", passages=3, dim=16, repeats=1)
+    assert result["identical"] == 3 and len(result["repeats"]) == 1 and result["target_s"] == 0.15
+    main(["--device", "cpu", "--passages", "2", "--dim", "8", "--repeats", "1", "--out", str(tmp_path / "r.json")])
+    assert json.loads((tmp_path / "r.json").read_text())["identical"] == 2
