@@ -287,3 +287,14 @@ def test_the_clustering_benchmark_times_a_batch_and_checks_it_against_the_host(t
     assert result["identical"] == 3 and len(result["repeats"]) == 1 and result["target_s"] == 0.15
     main(["--device", "cpu", "--passages", "2", "--dim", "8", "--repeats", "1", "--out", str(tmp_path / "r.json")])
     assert json.loads((tmp_path / "r.json").read_text())["identical"] == 2
+
+
+@pytest.mark.parametrize("bad, message", [(["--memory-fraction", "1.5"], "--memory-fraction 1.5"),
+                                          (["--checkpoint-every", "-1"], "0 or more"),
+                                          (["--precision", "fp16"], "invalid choice")])
+def test_bad_device_options_exit_2_before_anything_is_read(bad, message, tmp_path, capsys):
+    from training.student import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "run"), *bad])
+    assert stop.value.code == 2 and message in capsys.readouterr().err and not (tmp_path / "run").exists()

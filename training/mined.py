@@ -53,6 +53,7 @@ from tqdm import tqdm
 
 from agrame.spans import split_sentences
 
+from . import precision as compute
 from .data import answer_sentences
 
 
@@ -136,8 +137,6 @@ def exact_rankings(model, records: Sequence[dict], depth: int = 30, device: str 
         for p in r["passages"]:
             texts.setdefault(_number(p["pid"]), p["text"])
     pids = sorted(texts)
-    from . import precision as compute
-
     ranker = Ranker(model.to(device))
     compute.apply(model, device, precision)  # bf16 autocast encoding and TF32 on a GPU
     with torch.inference_mode():
@@ -466,7 +465,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     er.add_argument("--out", type=Path, required=True)
     er.add_argument("--depth", type=int, default=30)
     er.add_argument("--device", default="cpu")
-    er.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+    er.add_argument("--precision", choices=compute.CHOICES, default="auto",
                     help="auto: bfloat16 autocast and TF32 on CUDA, float32 elsewhere (training.precision)")
     sq.add_argument("--heldout-questions", type=int, default=2000, help="held-out questions written (of the held-out articles)")
     sf = sub.add_parser("scifact", help="SciFact train claims with rationales")

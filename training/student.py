@@ -492,6 +492,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--memory-fraction", type=float, default=None,
                         help="cap of this process's share of its GPU's memory (students side by side)")
     args = parser.parse_args(argv)
+    if args.memory_fraction is not None and not 0 < args.memory_fraction <= 1:
+        parser.error(f"--memory-fraction {args.memory_fraction}: a share of the GPU's memory, in (0, 1]")
+    if args.checkpoint_every < 0 or args.save_seconds < 0:
+        parser.error("--checkpoint-every and --save-seconds: 0 or more")
     from agrame.pooling import check_pool_factor
 
     try:

@@ -34,6 +34,8 @@ from torch import nn
 
 from agrame.backbones import default_model_path
 
+from . import precision as compute
+
 KINDS = ("passage", "marked", "one-pass")
 SENTENCE_MARKER = "[unused3]"  # DESIGN.md's proposition/sentence marker slot
 
@@ -256,8 +258,6 @@ def multivector_scored(model: str, records: Sequence[dict], device: str = "cpu",
 
     from .choose_mix import batch_record_scores, load_model
 
-    from . import precision as compute
-
     encoder = load_model(model).to(device)
     compute.apply(encoder, device, precision)  # bf16 autocast on a GPU (the scores still sum float32 vectors)
     ranker = Ranker(encoder)
@@ -318,7 +318,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     mv.add_argument("--out", required=True)
     mv.add_argument("--limit", type=int, default=None)
     mv.add_argument("--device", default="cpu", help="torch device of the model (e.g. cuda)")
-    mv.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+    mv.add_argument("--precision", choices=compute.CHOICES, default="auto",
                     help="auto: bfloat16 autocast and TF32 on CUDA, float32 elsewhere (training.precision)")
     e = sub.add_parser("evaluate", help="accuracy on SQuAD dev (passage P@1 among BM25 candidates, sentence P@1)")
     e.add_argument("--model", default=None, help="teacher folder; omit with --student to evaluate a multi-vector model")
