@@ -765,19 +765,8 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
               "cores": os.cpu_count(), "models": models, "batch_size": batch_size, "lr": lr,
               "mined_from": manifest.get("mined_from"), "setup_s": elapsed()}
     say(f"setup at {elapsed()} s")
-    data = [str(work / "data" / n) + f"@{c}" for n, c in manifest["train"]]
-    scoring = {}
-    for name, copies in manifest["distill"]:
-        scored = work / "data" / f"{Path(name).stem}-scored.jsonl"
-        data.append(f"{scored}@{copies}")
-        if not scored.exists():
-            scoring[name] = ["-m", "training.teachers", "multivector", "--model", "zero-shot", "--device", device,
-                             "--data", str(work / "data" / name), "--out", str(scored)]
+    data, scoring = _records_and_scoring(manifest, work, out, device)
     mine = manifest.get("mine")
-    if mine:  # the mining scan shares the device with the teacher
-        scoring["mine"] = ["-m", "training.mined", "exact-rank", "--model", str(work / "starts" / mine["model"]),
-                           "--records", str(work / "data" / mine["records"]), "--out", str(out / "squad-ranking.jsonl"),
-                           "--device", device]
     # every stage's processes side by side share the cores: the teacher's (with the scan), then the students'
     check_threads(threads, max(len(scoring), 1 if mine_only else len(models)))
     if threads:
@@ -816,19 +805,9 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
         say(f"mining: {report['mining']['records'] or 'none'} records remixed at {elapsed()} s")
     progress("training")
     if steps is None:
-        deadline = student_deadline(t0, budget, len(models))
-        schedule = ["--steps", "1000000", "--deadline", f"{deadline:.3f}", "--save-seconds", f"{SAVE_SECONDS:g}"]
-        report["students_deadline_s"] = round(deadline - t0, 1)
-        say(f"training {', '.join(models)} side by side until {deadline - t0:.0f} s")
-    else:
-        deadline, schedule = None, ["--steps", str(steps)]
-    share = ["--memory-fraction", f"{0.95 / len(models):.3f}"] if str(device).startswith("cuda") and len(models) > 1 \
-        else []
-    procs = _start({m: ["-m", "training.student", *_student_args(manifest, m, work, data, device, shape), *schedule,
-                        "--checkpoint-every", "0", *share, "--out", str(work / "big" / m)] for m in models},
-                   work / "logs" / "train", env)
-    # a student still running well past its deadline is stopped (the call's end must hold)
-    codes, late = _wait(procs, None if deadline is None else t0 + budget - PACK_SECONDS * len(models) / 2)
+        report["students_deadline_s"] = round(student_deadline(t0, budget, len(models)) - t0, 1)
+        say(f"training {', '.join(models)} side by side until {report['students_deadline_s']:.0f} s")
+    codes, late = _train_students(manifest, models, work, data, device, shape, env, t0, budget, steps)
     report["trained_s"] = elapsed()
     report["students"] = _pack_students(codes, work, out, manifest, batch_size, late)
     report["question_steps"] = {m: r.get("question_steps", 0) for m, r in report["students"].items()}
@@ -841,6 +820,43 @@ def _run(bundle: Path, out: Path, work: Path, *, device: str = "cuda", budget: f
     (out / "run.json").write_text(json.dumps(report, indent=2) + "\n")
     say(f"done at {elapsed()} s: " + ", ".join(f"{m} {q:,} question-steps" for m, q in report["question_steps"].items()))
     return report
+
+
+def _records_and_scoring(manifest: dict, work: Path, out: Path, device: str) -> Tuple[List[str], Dict[str, List[str]]]:
+    """The students' ``--data`` (the distill records as the teacher will have scored them) and the teacher stage's
+    commands: each distill file not scored yet, and the mining scan (``"mine"``) when the bundle packed one."""
+    data = [str(work / "data" / n) + f"@{c}" for n, c in manifest["train"]]
+    scoring = {}
+    for name, copies in manifest["distill"]:
+        scored = work / "data" / f"{Path(name).stem}-scored.jsonl"
+        data.append(f"{scored}@{copies}")
+        if not scored.exists():
+            scoring[name] = ["-m", "training.teachers", "multivector", "--model", "zero-shot", "--device", device,
+                             "--data", str(work / "data" / name), "--out", str(scored)]
+    mine = manifest.get("mine")
+    if mine:  # the mining scan shares the device with the teacher
+        scoring["mine"] = ["-m", "training.mined", "exact-rank", "--model", str(work / "starts" / mine["model"]),
+                           "--records", str(work / "data" / mine["records"]), "--out", str(out / "squad-ranking.jsonl"),
+                           "--device", device]
+    return data, scoring
+
+
+def _train_students(manifest: dict, models: Sequence[str], work: Path, data: List[str], device: str,
+                    shape: Tuple[int, float], env: dict, t0: float, budget: float,
+                    steps: Optional[int]) -> Tuple[Dict[str, int], List[str]]:
+    """The students side by side, each until :func:`student_deadline` (or for ``steps``), each with its share of
+    the GPU's memory; their exit codes, and those stopped well past the deadline (the call's end must hold)."""
+    if steps is None:
+        deadline = student_deadline(t0, budget, len(models))
+        schedule = ["--steps", "1000000", "--deadline", f"{deadline:.3f}", "--save-seconds", f"{SAVE_SECONDS:g}"]
+    else:
+        deadline, schedule = None, ["--steps", str(steps)]
+    share = ["--memory-fraction", f"{0.95 / len(models):.3f}"] if str(device).startswith("cuda") and len(models) > 1 \
+        else []
+    procs = _start({m: ["-m", "training.student", *_student_args(manifest, m, work, data, device, shape), *schedule,
+                        "--checkpoint-every", "0", *share, "--out", str(work / "big" / m)] for m in models},
+                   work / "logs" / "train", env)
+    return _wait(procs, None if deadline is None else t0 + budget - PACK_SECONDS * len(models) / 2)
 
 
 def student_summary(run_dir: Path, batch_size: int) -> dict:

@@ -81,6 +81,32 @@ def logger_for(folder: Path) -> logging.Logger:
     return log
 
 
+def adamw(params: List, settings: LoopSettings):
+    """``(every parameter, AdamW)`` for ``params``: a list of parameters or of groups ``{"params": [...],
+    "lr_scale": s}`` (layer-wise learning rates); biases, norms and tensors flagged ``_no_decay`` (an
+    embedding whose other rows are frozen) skip weight decay."""
+    scaled = params if params and isinstance(params[0], dict) else [{"params": params, "lr_scale": 1.0}]
+    groups = []
+    for g in scaled:
+        decay = [p for p in g["params"] if p.ndim >= 2 and not getattr(p, "_no_decay", False)]
+        no_decay = [p for p in g["params"] if p.ndim < 2 or getattr(p, "_no_decay", False)]
+        lr = settings.lr * g.get("lr_scale", 1.0)
+        groups += [{"params": decay, "weight_decay": settings.weight_decay, "lr": lr},
+                   {"params": no_decay, "weight_decay": 0.0, "lr": lr}]
+    return [p for g in scaled for p in g["params"]], torch.optim.AdamW(groups, lr=settings.lr)
+
+
+def resume(ckpt: Path, model: torch.nn.Module, optimizer, scheduler) -> int:
+    """The step a run's checkpoint left off at, its model, optimizer and scheduler restored (0: none)."""
+    if not ckpt.exists():
+        return 0
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    model.load_state_dict(state["model"], strict=False)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return state["step"]
+
+
 def train(model: torch.nn.Module, examples: Sequence, loss_fn: Callable[[List], torch.Tensor],
           settings: LoopSettings, folder: str | Path, params: Optional[List] = None,
           save: Optional[Callable[[Path], None]] = None) -> dict:
@@ -92,19 +118,8 @@ def train(model: torch.nn.Module, examples: Sequence, loss_fn: Callable[[List], 
     folder.mkdir(parents=True, exist_ok=True)
     log = logger_for(folder)
     seeded(settings.seed)
-    params = params if params is not None else [p for p in model.parameters() if p.requires_grad]
-    # A group is a list of parameters or {"params": [...], "lr_scale": s} (layer-wise learning rates).
-    scaled = params if params and isinstance(params[0], dict) else [{"params": params, "lr_scale": 1.0}]
-    params = [p for g in scaled for p in g["params"]]
-    groups = []
-    for g in scaled:
-        # Biases, norms and tensors flagged `_no_decay` (an embedding whose other rows are frozen) skip decay.
-        decay = [p for p in g["params"] if p.ndim >= 2 and not getattr(p, "_no_decay", False)]
-        no_decay = [p for p in g["params"] if p.ndim < 2 or getattr(p, "_no_decay", False)]
-        lr = settings.lr * g.get("lr_scale", 1.0)
-        groups += [{"params": decay, "weight_decay": settings.weight_decay, "lr": lr},
-                   {"params": no_decay, "weight_decay": 0.0, "lr": lr}]
-    optimizer = torch.optim.AdamW(groups, lr=settings.lr)
+    params, optimizer = adamw(params if params is not None else [p for p in model.parameters() if p.requires_grad],
+                              settings)
     warm = max(1, int(settings.warmup * settings.steps))
     clock = {"began": None, "end": None}
 
@@ -119,13 +134,8 @@ def train(model: torch.nn.Module, examples: Sequence, loss_fn: Callable[[List], 
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     ckpt = folder / "checkpoint.pt"
-    start = 0
-    if ckpt.exists():
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
-        model.load_state_dict(state["model"], strict=False)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        start = state["step"]
+    start = resume(ckpt, model, optimizer, scheduler)
+    if start:
         log.info("resumed at step %d", start)
     (folder / "settings.json").write_text(json.dumps(asdict(settings), indent=2))
 
