@@ -202,6 +202,23 @@ def test_precision_choices():
         precision.resolve("cpu", "fp16")
 
 
+def test_the_memory_cap_names_the_gpu_by_index(monkeypatch):
+    """``--device cuda`` (no index) reached torch's cap as ``torch.device("cuda")``, which it refuses: both
+    students of the first lent H200 call died before their first step. torch's own index check stands in
+    for the GPU here."""
+    from torch.cuda._utils import _get_device_index
+    capped = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda fraction, device=None: capped.append((fraction, _get_device_index(device))))
+    precision.limit_memory("cuda", 0.475)
+    precision.limit_memory("cuda:1", 0.5)
+    precision.limit_memory("cpu", 0.5)
+    precision.limit_memory("cuda", None)
+    assert capped == [(0.475, 0), (0.5, 1)]
+
+
 def test_the_time_schedule_warms_up_then_decays_to_zero():
     assert schedule_factor(0.0, 0.05) == pytest.approx(0.02)  # the first step is not at lr 0
     assert schedule_factor(0.025, 0.05) == pytest.approx(0.5) and schedule_factor(0.05, 0.05) == pytest.approx(1.0)

@@ -40,4 +40,11 @@ def limit_memory(device: str, fraction: Optional[float]) -> None:
     """Cap this process's share of its GPU (students side by side: one may not starve the other; the caching
     allocator frees its cache and retries before it fails at the cap)."""
     if fraction and str(device).startswith("cuda") and torch.cuda.is_available():
-        torch.cuda.set_per_process_memory_fraction(fraction, torch.device(device))
+        torch.cuda.set_per_process_memory_fraction(fraction, cuda_index(device))
+
+
+def cuda_index(device: str) -> int:
+    """The GPU index ``device`` names (plain ``cuda``: the current one). The memory cap wants an index:
+    ``torch.device("cuda")`` has none, which the first call with the cap stopped at (2026-11-27, H200)."""
+    index = torch.device(device).index
+    return torch.cuda.current_device() if index is None else index
