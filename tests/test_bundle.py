@@ -191,7 +191,7 @@ def test_a_float16_result_is_close_and_unpack_refuses_another_base(tmp_path, tin
     # a student trained there (a stand-in: the true base's own weights moved a little) comes back within
     # float16's rounding of the change, and its marker rows exactly
     final = tmp_path / "run" / "final"
-    from training.student import student_encoder
+    from agrame.training.student import student_encoder
 
     s = student_encoder(None, False, 128, None)
     with torch.no_grad():

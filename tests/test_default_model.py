@@ -90,7 +90,7 @@ def test_index_built_with_the_earlier_default_opens_with_its_new_name(tmp_path):
 def test_student_starts_from_untrained_minilm():
     """A training run must not start from the shipped model (it did once: A3 crashed on its projection)."""
     from agrame.loading import load_encoder
-    from training.student import student_encoder
+    from agrame.training.student import student_encoder
 
     student = student_encoder(128, False, 256)
     zero_shot = load_encoder("zero-shot")
@@ -104,7 +104,7 @@ def test_student_without_projection_round_trips(tmp_path):
     """``--dim 0`` trains MiniLM's own 384-d vectors: the saved model must say ``dim: null``, not 0
     (a 0 asks the loader for a projection file that is not there)."""
     from agrame.loading import load_encoder
-    from training.student import student_encoder
+    from agrame.training.student import student_encoder
 
     student = student_encoder(0, False, 256)
     assert student.projection is None and student.settings.dim is None
@@ -120,7 +120,7 @@ def test_unmarked_student_ranks_passages_as_zero_shot(tmp_path):
     untrained [Q]); sentence queries keep [Q']. Saved and loaded, the marker stays off."""
     from agrame.delta import export_delta
     from agrame.loading import load_encoder
-    from training.student import start_from, student_encoder
+    from agrame.training.student import start_from, student_encoder
 
     zero_shot = load_encoder("zero-shot")
     question, passage = "what causes coral bleaching", "Coral bleaches when the water is too warm."

@@ -15,11 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agrame.pooling import BatchPlan, batch_pool, batch_pool_assignment, pool_assignment, pool_by_assignment
-from training import bundle, precision
+from agrame.training import precision
+from training import bundle
 from training.bundle import BundleError
-from training.loop import LoopSettings, schedule_factor, train
-from training.losses import MultiGranularKLLoss
-from training.student import StudentScorer, make_loss, pool_padded, pool_padded_on_device, trainable_parameters
+from agrame.training.loop import LoopSettings, schedule_factor, train
+from agrame.training.losses import MultiGranularKLLoss
+from agrame.training.student import StudentScorer, make_loss, pool_padded, pool_padded_on_device, trainable_parameters
 
 from test_training import record
 from test_training_scale import OneDeviceMode, _meta_student
@@ -310,7 +311,7 @@ def test_the_clustering_benchmark_times_a_batch_and_checks_it_against_the_host(t
                                           (["--checkpoint-every", "-1"], "0 or more"),
                                           (["--precision", "fp16"], "invalid choice")])
 def test_bad_device_options_exit_2_before_anything_is_read(bad, message, tmp_path, capsys):
-    from training.student import main
+    from agrame.training.student import main
 
     with pytest.raises(SystemExit) as stop:
         main(["--data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "run"), *bad])

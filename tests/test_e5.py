@@ -142,7 +142,8 @@ def test_a_student_on_e5s_backbone_trains_exports_and_loads(e5, tmp_path):
 
     from agrame.delta import is_delta
     from agrame.spans import split_sentences
-    from training import export, student
+    from agrame.training import student
+    from training import export
     from training.e5_teacher import E5Teacher, scored
 
     records = []

@@ -98,7 +98,7 @@ def test_cached_records_give_the_rankers_scores_and_the_teachers_logits(bare):
 def test_training_the_projection_lowers_the_distillation_loss(bare):
     from training.e5_projection import batch_tensors, cache_chunk, principal_projection, scores, train
     from training.e5_teacher import E5Teacher
-    from training.losses import MultiGranularKLLoss
+    from agrame.training.losses import MultiGranularKLLoss
 
     teacher = E5Teacher(loaded=(bare.backbone, bare.tokenizer))
     records = cache_chunk([_record(q, gold=i % 3) for i, q in enumerate(

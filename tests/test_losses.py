@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from training.losses import SupConLoss
+from agrame.training.losses import SupConLoss
 
 
 def naive_supcon(z, labels, t):
@@ -44,7 +44,7 @@ def test_supcon_hand_computed():
 def test_masked_kl_hand_computed():
     import math
 
-    from training.losses import masked_kl
+    from agrame.training.losses import masked_kl
 
     t = torch.tensor([[0.0, math.log(3.0), 5.0]])      # softmax over the first two: [1/4, 3/4]
     s = torch.tensor([[0.0, 0.0, -2.0]])               # [1/2, 1/2]
@@ -58,7 +58,7 @@ def test_masked_kl_hand_computed():
 def test_multigranular_loss_hand_computed_and_weightings():
     import math
 
-    from training.losses import MultiGranularKLLoss, masked_kl
+    from agrame.training.losses import MultiGranularKLLoss, masked_kl
 
     tp = torch.tensor([[2.0, 0.0]])                    # teacher passage logits
     sp = torch.tensor([[0.0, 0.0]])

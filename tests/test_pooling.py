@@ -278,7 +278,7 @@ def test_an_index_from_before_pooling_opens_as_factor_one(tmp_path, capsys):
 def test_a_pooling_student_scores_what_a_pooled_index_would(marked_encoder, factor):
     from agrame.ranker import Ranker
     from test_training import assert_scores_equal_ranker, record
-    from training.student import StudentScorer
+    from agrame.training.student import StudentScorer
 
     batch = [record("why do reefs bleach", [0, 1, 2]), record("who built the tower in 1889", [2, 3, 0])]
     scorer = StudentScorer(marked_encoder, "Q'", pool_factor=factor).eval()
@@ -309,10 +309,10 @@ def test_a_pooling_student_step_keeps_every_tensor_on_the_encoders_device(make_t
     # The meta device has no values to cluster: the host copy the clusters are chosen on is stood in for by
     # random values of its shape; everything else (the means, the masks, the loss, backward) runs under
     # the mode that refuses an operation mixing devices.
-    import training.student as student
+    import agrame.training.student as student
     from test_training import record
     from test_training_scale import OneDeviceMode, _meta_student
-    from training.losses import MultiGranularKLLoss
+    from agrame.training.losses import MultiGranularKLLoss
 
     monkeypatch.setattr(student, "_host", lambda v: torch.randn(v.shape) if v.device.type == "meta" else v.cpu())
     encoder = _meta_student(make_tiny_encoder)

@@ -8,9 +8,9 @@ import torch
 from agrame.ranker import Ranker
 from agrame.spans import split_sentences
 from training.data import answer_sentences
-from training.losses import MultiGranularKLLoss
-from training.loop import LoopSettings, batches, train
-from training.student import StudentScorer, make_loss, trainable_parameters
+from agrame.training.losses import MultiGranularKLLoss
+from agrame.training.loop import LoopSettings, batches, train
+from agrame.training.student import StudentScorer, make_loss, trainable_parameters
 
 TEXTS = ["Reefs bleach in warm water. Polyps build reefs.", "Bleach whitens cloth. It is toxic.",
          "The tower is tall. It was built in 1889.", "Fish swim. Birds fly."]

@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.utils._python_dispatch
 
-from training.interpolate import interpolate, projection_agreement
-from training.losses import MultiGranularKLLoss
+from agrame.training.interpolate import interpolate, projection_agreement
+from agrame.training.losses import MultiGranularKLLoss
 from training.mined import choose_negatives, heldout_articles, main as mined_main, unseen, write_resumable
-from training.student import (StudentScorer, in_batch_teacher, layerwise_groups, make_loss, read_mixture,
+from agrame.training.student import (StudentScorer, in_batch_teacher, layerwise_groups, make_loss, read_mixture,
                               trainable_parameters)
 
 from test_training import record
@@ -82,7 +82,7 @@ def test_layerwise_groups_scale_by_depth(encoder):
 
 
 def test_loop_applies_group_rates(encoder, tmp_path):
-    from training.loop import LoopSettings, train
+    from agrame.training.loop import LoopSettings, train
 
     params = trainable_parameters(encoder, 2)
     groups = layerwise_groups(encoder, params, 0.0)  # rate 0 below the top layer: it must not move
@@ -233,7 +233,7 @@ def test_interpolation_endpoints_and_midpoint(make_tiny_encoder):
 
 
 def test_held_out_evaluation_finds_the_planted_answer(encoder):
-    from training.choose_mix import best_setting, evaluate
+    from agrame.training.choose_mix import best_setting, evaluate
 
     r = record("bleach reefs warm water", [0, 1, 2], teacher=(5.0, 0.0, 0.0))
     r["passages"][0]["answer_sentences"] = [0]
@@ -246,7 +246,7 @@ def test_held_out_evaluation_finds_the_planted_answer(encoder):
 
 
 def test_guard_sets_only_constrain_the_mix():
-    from training.choose_mix import best_setting, guard_deficit
+    from agrame.training.choose_mix import best_setting, guard_deficit
 
     def row(held, guard_psg, guard_sent):
         return {"squad": {"passage_p1": 90.0, "sentence_p1_by_alpha": {"0.5": held, "1.0": held - 1}},
@@ -316,7 +316,7 @@ def test_a_student_step_keeps_every_tensor_on_the_encoders_device(make_tiny_enco
     # No GPU here: the encoder on the meta device and every operation refused that mixes devices — one
     # whole step (forward, loss, backward through the marker-row hook, optimizer) of the in-batch,
     # multi-granular student with marker rows, as the GPU run made it.
-    from training.student import trainable_parameters
+    from agrame.training.student import trainable_parameters
 
     encoder = _meta_student(make_tiny_encoder)
     batch = [record("reefs", [0, 1, 2]), record("tower", [2, 3, 0])]
@@ -338,7 +338,7 @@ def test_a_batch_64_in_batch_step_keeps_every_tensor_on_one_device(make_tiny_enc
     # the device call's batch (training.bundle.DEVICE_BATCH): 64 questions × their passages, one in-batch
     # softmax over all 64 × 3 passages, under the mode that refuses mixed devices
     from training.bundle import DEVICE_BATCH
-    from training.student import trainable_parameters
+    from agrame.training.student import trainable_parameters
 
     encoder = _meta_student(make_tiny_encoder)
     batch = [record(q, order) for q, order in zip(("reefs", "tower", "corals", "paris") * 16,
@@ -355,7 +355,7 @@ def test_a_batch_64_in_batch_step_keeps_every_tensor_on_one_device(make_tiny_enc
 
 
 def test_held_out_rows_resume_after_an_interruption(tmp_path):
-    from training.choose_mix import fingerprint, measure_rows
+    from agrame.training.choose_mix import fingerprint, measure_rows
 
     calls = []
 
@@ -390,7 +390,7 @@ def test_held_out_rows_resume_after_an_interruption(tmp_path):
 
 
 def test_choose_mix_writes_its_choice_and_drops_the_partial(tmp_path, tiny_model_dir, capsys):
-    from training.choose_mix import main
+    from agrame.training.choose_mix import main
     from training.data import write_jsonl
 
     r = record("bleach reefs warm water", [0, 1, 2])
@@ -510,7 +510,7 @@ def test_multivector_teacher_scores_are_the_students_own(encoder, tmp_path):
 def test_records_scored_in_a_batch_score_as_one_at_a_time(encoder):
     # the teacher encodes several records' passages and questions together (a GPU's few, larger passes)
     from agrame.ranker import Ranker
-    from training.choose_mix import batch_record_scores, record_scores
+    from agrame.training.choose_mix import batch_record_scores, record_scores
 
     ranker = Ranker(encoder)
     batch = [record("why do reefs bleach", [0, 1, 2]), record("who built the tower in 1889", [2, 3]),
@@ -531,8 +531,8 @@ def test_records_scored_in_a_batch_score_as_one_at_a_time(encoder):
 
 
 def test_choose_mix_reuses_a_reference_row_measured_on_the_same_sets(tiny_model_dir, tmp_path, monkeypatch):
-    from training import choose_mix
-    from training.choose_mix import main, reusable_rows
+    from agrame.training import choose_mix
+    from agrame.training.choose_mix import main, reusable_rows
     from training.data import write_jsonl
 
     r = record("bleach reefs warm water", [0, 1, 2])

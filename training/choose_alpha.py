@@ -30,7 +30,7 @@ from agrame.encoder import SETTINGS_FILE
 from agrame.loading import load_encoder
 from agrame.ranker import Ranker
 
-GRID = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
+from agrame.training.choose_mix import GRID
 
 
 def sentence_p1_by_alpha(ranker: Ranker, records: Sequence[dict], grid: Sequence[float] = GRID) -> dict:
@@ -116,7 +116,7 @@ def pool_sentence_p1_by_alpha(encoder, records: Sequence[dict], grid: Sequence[f
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    from .data import read
+    from agrame.training.records import read
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="model folder (default: the package default)")

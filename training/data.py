@@ -30,11 +30,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 from tqdm import tqdm
 
 from agrame.spans import split_sentences
-
-
-def answer_sentences(sentences: Sequence[Sequence[int]], start: int, end: int) -> List[int]:
-    """Indices of the sentences that overlap the answer span ``[start, end)``."""
-    return [i for i, (s, e) in enumerate(sentences) if s < end and e > start]
+from agrame.training.records import answer_sentences, read, write_jsonl  # noqa: F401 (the record format's home)
 
 
 def build(questions: int, negatives: int, seed: int = 0, depth: int = 30) -> Iterator[dict]:
@@ -79,25 +75,6 @@ def build(questions: int, negatives: int, seed: int = 0, depth: int = 30) -> Ite
             passages += [{"pid": f"train-{d}", "text": texts[d], "sentences": sentences_of(d),
                           "positive": False, "answer_sentences": []} for d in negs]
             yield {"qid": qa["id"], "question": qa["question"], "answer": answer, "passages": passages}
-
-
-def read(path: str | Path) -> List[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f]
-
-
-def write_jsonl(records, path: str | Path) -> int:
-    """Write records atomically (temporary name, then rename); returns the count."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    n = 0
-    with open(tmp, "w") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-            n += 1
-    tmp.replace(path)
-    return n
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

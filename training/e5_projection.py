@@ -47,8 +47,8 @@ from agrame.loading import load_encoder
 from agrame.spans import token_segments
 
 from .e5_teacher import MODES, TEMPERATURE, E5Teacher
-from .losses import MultiGranularKLLoss
-from .student import _pad, late_interaction
+from agrame.training.losses import MultiGranularKLLoss
+from agrame.training.student import _pad, late_interaction
 
 CHUNK = 100  # records per cache file
 

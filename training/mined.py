@@ -53,7 +53,7 @@ from tqdm import tqdm
 
 from agrame.spans import split_sentences
 
-from . import precision as compute
+from agrame.training import precision as compute
 from .data import answer_sentences
 
 

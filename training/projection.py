@@ -35,7 +35,7 @@ BASES = {ZERO_SHOT: zero_shot_settings, E5_SMALL: e5_zero_shot_settings}
 def _projected(texts: Sequence[str], dim: int, base_name: str = ZERO_SHOT) -> Encoder:
     """A zero-shot backbone (MiniLM, or e5) with its query settings and the projection onto the top
     ``dim`` (uncentred) singular directions of the token vectors of ``texts``."""
-    from .student import init_projection
+    from agrame.training.student import init_projection
 
     base = load_encoder(base_name)
     settings = BASES[base_name]()

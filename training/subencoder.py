@@ -16,7 +16,7 @@ from torch import nn
 from agrame.backbones import default_model_path
 from agrame.spans import SpanLike, span_token_mask
 
-from .losses import SupConLoss
+from agrame.training.losses import SupConLoss
 
 
 class SubEncoder(nn.Module):

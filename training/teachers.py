@@ -34,7 +34,7 @@ from torch import nn
 
 from agrame.backbones import default_model_path
 
-from . import precision as compute
+from agrame.training import precision as compute
 
 KINDS = ("passage", "marked", "one-pass")
 SENTENCE_MARKER = "[unused3]"  # DESIGN.md's proposition/sentence marker slot
@@ -256,7 +256,7 @@ def multivector_scored(model: str, records: Sequence[dict], device: str = "cpu",
 
     from agrame.ranker import Ranker
 
-    from .choose_mix import batch_record_scores, load_model
+    from agrame.training.choose_mix import batch_record_scores, load_model
 
     encoder = load_model(model).to(device)
     compute.apply(encoder, device, precision)  # bf16 autocast on a GPU (the scores still sum float32 vectors)
@@ -282,7 +282,7 @@ def multivector_scored(model: str, records: Sequence[dict], device: str = "cpu",
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     from .data import read
-    from .loop import LoopSettings, train
+    from agrame.training.loop import LoopSettings, train
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
