@@ -65,3 +65,34 @@ class LexicalCollection:
 
     def scores(self, query: Sequence[str]) -> List[float]:
         return bm25_scores(query, self.docs, self.df, self.n_docs, self.avgdl)
+
+
+class LexicalIndex:
+    """BM25 over a whole corpus through postings (:func:`bm25_scores`' formula, for every document at once):
+    ``agrame train`` draws its lexical hard negatives from a user's corpus with it."""
+
+    def __init__(self, docs: Sequence[Sequence[str]], k1: float = K1, b: float = B):
+        self.n_docs = len(docs)
+        lengths = [len(d) for d in docs]
+        avgdl = max(1e-9, sum(lengths) / max(1, self.n_docs))
+        self.norm = [k1 * (1 - b + b * n / avgdl) for n in lengths]
+        self.postings: Dict[str, List[tuple]] = {}
+        for i, doc in enumerate(docs):
+            for term, tf in Counter(doc).items():
+                self.postings.setdefault(term, []).append((i, tf))
+
+    def scores(self, query: Sequence[str]) -> Dict[int, float]:
+        """``{document: score}`` for the documents holding a query term (the others score 0)."""
+        out: Dict[int, float] = {}
+        for term in set(query):
+            posting = self.postings.get(term, ())
+            idf = math.log(1 + (self.n_docs - len(posting) + 0.5) / (len(posting) + 0.5))
+            weight = idf * sum(1 for t in query if t == term)
+            for i, tf in posting:
+                out[i] = out.get(i, 0.0) + weight * tf / (tf + self.norm[i])
+        return out
+
+    def top(self, query: Sequence[str], k: int) -> List[int]:
+        """The ``k`` best documents (score, then position), only those holding a query term."""
+        scored = self.scores(query)
+        return sorted(scored, key=lambda i: (-scored[i], i))[:k]

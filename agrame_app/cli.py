@@ -13,11 +13,11 @@ from typing import List, Optional
 
 from agrame import __version__
 from agrame_app.commands import (cite, compact, delete, evaluate, explain, export, index, models, qrels, rank, search,
-                                 serve)
+                                 serve, train)
 from agrame_app.commands.common import EXIT_USAGE, UsageError, printable  # noqa: F401 (printable: re-exported)
 
 #: The subcommands, in the order ``agrame --help`` lists them.
-COMMANDS = (rank, index, search, evaluate, qrels, export, delete, compact, models, serve, explain, cite)
+COMMANDS = (rank, index, search, evaluate, qrels, export, delete, compact, models, serve, explain, cite, train)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,7 +17,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent / "data" / "interface"
 COMMANDS = ("rank", "index", "search", "evaluate", "qrels", "export", "delete", "compact", "explain", "serve", "cite",
-            "models")
+            "models", "train")
 WIDTH = "100"  # argparse wraps to the terminal: a fixed width
 
 

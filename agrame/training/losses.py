@@ -85,9 +85,12 @@ class MultiGranularKLLoss(nn.Module):
 
     def forward(self, teacher_passage: torch.Tensor, student_passage: torch.Tensor,
                 teacher_sentence: torch.Tensor, student_sentence: torch.Tensor,
-                sentence_mask: torch.Tensor, own_passages: Optional[int] = None) -> dict:
+                sentence_mask: torch.Tensor, own_passages: Optional[int] = None,
+                labelled: Optional[torch.Tensor] = None) -> dict:
         """``own_passages``: with in-batch negatives the passage scores are ``[B, B·P]`` (query b's
-        own P passages at columns b·P … b·P+P−1); the sentence weights use the own ones only."""
+        own P passages at columns b·P … b·P+P−1); the sentence weights use the own ones only.
+        ``labelled`` ``[B]`` (bool): the queries whose sentences are labelled; L_sent is their mean (a user's
+        pairs may label some and not others: an unlabelled one would teach a uniform sentence distribution)."""
         l_psg = self.passage(teacher_passage, student_passage)
         per_passage = masked_kl(teacher_sentence, student_sentence, sentence_mask.bool())  # [B, P]
         own = teacher_passage
@@ -96,6 +99,11 @@ class MultiGranularKLLoss(nn.Module):
             b = torch.arange(teacher_passage.shape[0], device=device).unsqueeze(1)
             own = teacher_passage.gather(1, b * own_passages + torch.arange(own_passages, device=device))
         w = self.weights(own).detach()
-        l_sent = (w * per_passage).sum(dim=-1).mean()
+        per_query = (w * per_passage).sum(dim=-1)
+        if labelled is None:
+            l_sent = per_query.mean()
+        else:
+            keep = labelled.to(per_query.device, per_query.dtype)
+            l_sent = (per_query * keep).sum() / keep.sum().clamp(min=1.0)
         total = l_psg + self.sentence_weight * l_sent
         return {"loss": total, "passage": l_psg.detach(), "sentence": l_sent.detach()}

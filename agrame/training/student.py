@@ -420,7 +420,11 @@ def make_loss(scorer: StudentScorer, criterion: MultiGranularKLLoss, log: Option
         t_passage, t_sentence = (t.to(passage.device) for t in teacher_tensors(batch, sentence.shape[-1]))
         if passage.shape[-1] != t_passage.shape[-1]:
             t_passage = in_batch_teacher(t_passage)
-        out = criterion(t_passage, passage, t_sentence, sentence, mask, own_passages=sentence.shape[1])
+        labelled = None
+        if not all(r.get("sentence_labels", True) for r in batch):  # (agrame train: some pairs unlabelled)
+            labelled = torch.tensor([bool(r.get("sentence_labels", True)) for r in batch])
+        out = criterion(t_passage, passage, t_sentence, sentence, mask, own_passages=sentence.shape[1],
+                        labelled=labelled)
         if log is not None:
             log.append({k: float(v) for k, v in out.items()})
         return out["loss"]
