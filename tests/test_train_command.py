@@ -244,3 +244,16 @@ def test_the_wheel_installs_no_top_level_research_packages(tmp_path):
     assert {"agrame", "agrame_app", "propcite"} <= tops
     assert not tops & {"training", "benchmarks", "tests"}, sorted(tops)
     assert "agrame/training/trainer.py" in zipfile.ZipFile(wheel).namelist()
+
+
+def test_a_run_stopped_by_its_time_budget_resumes_with_the_same_command(data, tiny_model_dir, capsys):
+    tmp, corpus, pairs = data
+    args = ["train", "--pairs", pairs, "--corpus", corpus, "--out", tmp / "m", "--model", tiny_model_dir, *TINY]
+    code, _, err = cli([*args, "--minutes", "0.00001"], capsys)
+    assert code == 0 and "stopped at step 1 of 4" in err and not (tmp / "m").exists()
+    assert (tmp / ".m.train" / "student" / "checkpoint.pt").exists()
+    code, _, err = cli(args, capsys)  # (the time budget is no part of the run's signature)
+    assert code == 0 and (tmp / "m" / "train.json").exists(), err
+    report = json.loads((tmp / "m" / "train.json").read_text())
+    assert set(report["seconds"]) == {"read", "mine", "train", "mix", "total"}
+    assert "resumed at step 1" in " ".join(report["training_log"]) and not (tmp / ".m.train").exists()
