@@ -257,3 +257,32 @@ def test_a_run_stopped_by_its_time_budget_resumes_with_the_same_command(data, ti
     report = json.loads((tmp / "m" / "train.json").read_text())
     assert set(report["seconds"]) == {"read", "mine", "train", "mix", "total"}
     assert "resumed at step 1" in " ".join(report["training_log"]) and not (tmp / ".m.train").exists()
+
+
+def test_prepared_records_train_as_the_recipe_did(data, tiny_encoder, tmp_path, capsys):
+    """``--records``/``--heldout-records``: the research scripts' files in one call; a start without the [Q']
+    marker (zero-shot-128, the recipe's start) learns it, as training.student's student_encoder adds it."""
+    tmp, corpus, pairs = data
+    from agrame.training.pairs import read_corpus
+
+    read = read_pairs(str(pairs), read_corpus(str(corpus)))
+    texts = [_text(t) for t in TOPICS]
+    recs = [to_record(p, [t for t in texts if t != p.positive][:3]) for p in read]
+    train_file, held_file = write_jsonl(tmp / "train-records.jsonl", recs[:30]), write_jsonl(tmp / "held.jsonl", recs[30:])
+    start = tmp / "no-qprime"
+    tiny_encoder.with_settings(markers={**tiny_encoder.settings.markers, "Q'": None}, span_query_marker="Q").save(start)
+    code, _, err = cli(["train", "--records", f"{train_file}@2", "--heldout-records", f"{held_file}:0:8",
+                        "--out", tmp / "m", "--model", start, "--steps", "3", "--batch-size", "4", "--mix", "1"],
+                       capsys)
+    assert code == 0, err
+    report = json.loads((tmp / "m" / "train.json").read_text())
+    assert report["train_pairs"] == 60 and report["heldout_pairs"] == 8 and set(report["rows"]["1"]) == {"held"}
+    code, _, err = cli(["train", "--records", train_file, "--heldout", "0", "--out", tmp / "unmixed", "--model", start,
+                        "--steps", "2", "--batch-size", "4"], capsys)
+    assert code == 0, err
+    saved = json.loads((tmp / "unmixed" / "agrame.json").read_text())
+    assert saved["markers"]["Q'"] == "[unused2]" and saved["span_query_marker"] == "Q'"
+    code, _, err = cli(["train", "--records", train_file, "--out", tmp / "m2", "--model", start], capsys)
+    assert code == 2 and "needs --heldout-records" in err
+    code, _, err = cli(["train", "--records", train_file, "--corpus", corpus, "--out", tmp / "m2"], capsys)
+    assert code == 2 and "--corpus goes with --pairs" in err

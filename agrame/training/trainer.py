@@ -64,6 +64,11 @@ class TrainSettings:
     seed: int = 0
     depth: int = 30                      # ranking depth negatives are mined from
     guards: Sequence[str] = field(default_factory=tuple)
+    #: Prepared training records instead of pairs (FILE or FILE@N: N copies; the research scripts' SQuAD, SciFact
+    #: and distillation files, teacher logits included), and the held-out records that choose the mix
+    #: (FILE or FILE:SKIP:LIMIT): the recipe that made the default as one call (docs/training.md).
+    records: Sequence[str] = field(default_factory=tuple)
+    heldout_records: Sequence[str] = field(default_factory=tuple)
 
 
 @dataclass
@@ -76,6 +81,8 @@ class Prepared:
     guards: Dict[str, List[dict]]
     sentence_weight: float
     start: Encoder
+    records: Optional[List[dict]] = None           # --records: the training records as given
+    heldout_sets: Optional[Dict[str, List[dict]]] = None  # --heldout-records: name → records
 
 
 def _check_settings(s: TrainSettings) -> None:
@@ -124,11 +131,50 @@ def read_guard(path: str) -> List[dict]:
     return [to_record(p, p.negatives) for p in pairs]
 
 
-def prepare(pairs: str, settings: TrainSettings, corpus: Optional[str] = None) -> Prepared:
+def read_held(spec: str) -> List[dict]:
+    """``FILE`` or ``FILE:SKIP:LIMIT`` of training records."""
+    from .records import read
+
+    path, *window = spec.split(":")
+    if not Path(path).is_file() or len(window) not in (0, 2) or not all(w.isdigit() for w in window):
+        raise InputError("expected an existing records FILE or FILE:SKIP:LIMIT", spec)
+    records = read(path)
+    return records[int(window[0]):int(window[0]) + int(window[1])] if window else records
+
+
+def prepare_records(settings: TrainSettings) -> Prepared:
+    """``--records``: the records as they are (no mining, no split); the held-out sets from ``heldout_records``."""
+    from agrame.loading import load_encoder
+
+    from .student import read_mixture
+
+    try:
+        records = read_mixture(settings.records)
+    except SystemExit as exc:  # (read_mixture's own refusals)
+        raise InputError(str(exc).removeprefix("error: ")) from None
+    if not records:
+        raise InputError("no training records", settings.records[0])
+    if settings.heldout and not settings.heldout_records:
+        raise InputError("--records needs --heldout-records to choose the mix (or --heldout 0)")
+    held = {Path(h.split(":")[0]).stem: read_held(h) for h in settings.heldout_records} if settings.heldout else {}
+    guards = {Path(g).stem: read_guard(g) for g in settings.guards}
+    start = load_encoder(settings.model)
+    trainable(start)
+    weight = 0.0 if settings.sentence_loss == "off" else 1.0
+    return Prepared([], Corpus([], []), [], [], guards, weight, start, records, held)
+
+
+def prepare(pairs: Optional[str], settings: TrainSettings, corpus: Optional[str] = None) -> Prepared:
     """Read and check everything (pairs, corpus, guards, the start model); raises before anything is written."""
     from agrame.loading import load_encoder
 
     _check_settings(settings)
+    if settings.records:
+        if pairs or corpus:
+            raise InputError("give pairs (with an optional corpus) or prepared records, not both")
+        return prepare_records(settings)
+    if not pairs:
+        raise InputError("no training data: give pairs (or prepared records)")
     pool = read_corpus(corpus) if corpus else None
     every = read_pairs(pairs, pool)
     pool = pool or pairs_corpus(every)
@@ -156,12 +202,14 @@ def prepare(pairs: str, settings: TrainSettings, corpus: Optional[str] = None) -
     return Prepared(every, pool, [every[i] for i in train_ids], [every[i] for i in held], guards, weight, start)
 
 
-def signature(pairs: str, corpus: Optional[str], settings: TrainSettings) -> str:
+def signature(pairs: Optional[str], corpus: Optional[str], settings: TrainSettings) -> str:
     """What a resumed run must share with the one it continues: the inputs' bytes and every setting."""
     digest = hashlib.sha256()
-    for path in (pairs, corpus, *settings.guards):
+    files = [r.split("@")[0] for r in settings.records] + [h.split(":")[0] for h in settings.heldout_records]
+    for path in (pairs, corpus, *settings.guards, *files):
         digest.update(Path(path).read_bytes() if path else b"-")
-    keep = {k: v for k, v in dataclasses.asdict(settings).items() if k not in ("minutes", "device", "precision")}
+    keep = {k: v for k, v in dataclasses.asdict(settings).items() if k not in ("minutes", "device", "precision")
+            and not (k in ("records", "heldout_records") and not v)}  # (pairs runs: as before records existed)
     digest.update(json.dumps(keep, sort_keys=True, default=list).encode())
     return digest.hexdigest()[:16]
 
@@ -209,6 +257,13 @@ def _train_student(prep: Prepared, records: List[dict], settings: TrainSettings,
 
     torch.manual_seed(settings.seed)
     encoder = load_encoder(settings.model).to(settings.device)
+    if prep.sentence_weight and encoder.marker_id("Q'") is None and encoder.settings.query_prefix == "":
+        # the method's sentence-query marker, learned here when the start has none (zero-shot-128, the recipe's
+        # start: training.student's student_encoder adds the same)
+        from agrame.encoder import DEFAULT_MARKERS
+
+        encoder = encoder.with_settings(markers={**encoder.settings.markers, "Q'": DEFAULT_MARKERS["Q'"]},
+                                        span_query_marker="Q'")
     precision.apply(encoder, settings.device, settings.precision)
     params = trainable_parameters(encoder, min(settings.layers, len(encoder.backbone.encoder.layer)))
     if settings.layer_lr_decay != 1.0:
@@ -240,26 +295,30 @@ def choose(rows: Dict[str, Dict[str, dict]], guards: Sequence[str], sentence: bo
         alpha = "start"
         deficit = max((guard_deficit(sets, max(sets[g]["sentence_p1_by_alpha"]), reference, [g]) for g in guards),
                       default=float("-inf"))
-        key = (deficit <= tolerance, sets["heldout"]["passage_p1"], -float(name))
+        held = [s["passage_p1"] for n, s in sets.items() if n not in guards]
+        passage = round(sum(held) / len(held), 2)
+        key = (deficit <= tolerance, passage, -float(name))
         if best is None or key > best[0]:
-            best = (key, {"model": name, "alpha": alpha, "passage_p1": sets["heldout"]["passage_p1"],
+            best = (key, {"model": name, "alpha": alpha, "passage_p1": passage,
                           **({"guard_deficit": round(deficit, 2)} if guards else {})})
     return best[1]
 
 
-def mix_rows(prep: Prepared, tuned: Encoder, held: List[dict], settings: TrainSettings,
+def mix_rows(prep: Prepared, tuned: Encoder, held: Dict[str, List[dict]], settings: TrainSettings,
              say: Callable[[str], None]) -> Dict[str, Dict[str, dict]]:
-    """Every candidate's rows: the start (λ = 0), then each λ, on the held-out slice and each guard."""
+    """Every candidate's rows: the start (λ = 0), then each λ, on each held-out set and each guard."""
     from .choose_mix import evaluate
     from .interpolate import interpolate
 
     rows: Dict[str, Dict[str, dict]] = {}
     for mix in (0.0, *sorted(settings.mixes)):
         model = prep.start if mix == 0 else interpolate(prep.start, tuned, mix)
-        rows[f"{mix:g}"] = {"heldout": evaluate(model, held),
-                            **{g: evaluate(model, recs) for g, recs in prep.guards.items()}}
-        say(f"λ = {mix:g}: held-out passage P@1 {rows[f'{mix:g}']['heldout']['passage_p1']}, sentence P@1 "
-            f"{max(rows[f'{mix:g}']['heldout']['sentence_p1_by_alpha'].values())} (best α)")
+        row = {name: evaluate(model, recs) for name, recs in held.items()}
+        row.update({g: evaluate(model, recs) for g, recs in prep.guards.items()})
+        rows[f"{mix:g}"] = row
+        say(f"λ = {mix:g}: " + "; ".join(f"{name} passage P@1 {r['passage_p1']}, sentence P@1 "
+                                         f"{max(r['sentence_p1_by_alpha'].values())} (best α)"
+                                         for name, r in row.items()))
     return rows
 
 
@@ -278,7 +337,7 @@ def work_folder(out: Path) -> Path:
     return out.with_name(f".{out.name}.train")
 
 
-def train(pairs: str, out: str | Path, settings: Optional[TrainSettings] = None, corpus: Optional[str] = None,
+def train(pairs: Optional[str], out: str | Path, settings: Optional[TrainSettings] = None, corpus: Optional[str] = None,
           say: Callable[[str], None] = print) -> dict:
     """Train on ``pairs`` and write the chosen model folder to ``out``; returns the report (``train.json``).
     A run stopped by ``minutes`` returns ``{"done": False, ...}``: the same call resumes it."""
@@ -309,16 +368,21 @@ def train(pairs: str, out: str | Path, settings: Optional[TrainSettings] = None,
         (work / "seconds.json").write_text(json.dumps(times))
 
     timed("read", began)
-    if not (work / "heldout.jsonl").exists():
-        t = time.time()
-        records = make_records(prep, settings, say)
-        write_jsonl(records["train"], work / "train.jsonl")
-        write_jsonl(records["heldout"], work / "heldout.jsonl")
-        timed("mine", t)
-    train_records, held = read(work / "train.jsonl"), read(work / "heldout.jsonl")
+    if prep.records is not None:  # --records: as given
+        train_records, held_sets = prep.records, prep.heldout_sets or {}
+    else:
+        if not (work / "heldout.jsonl").exists():
+            t = time.time()
+            records = make_records(prep, settings, say)
+            write_jsonl(records["train"], work / "train.jsonl")
+            write_jsonl(records["heldout"], work / "heldout.jsonl")
+            timed("mine", t)
+        train_records, held = read(work / "train.jsonl"), read(work / "heldout.jsonl")
+        held_sets = {"heldout": held} if held else {}
+    held_count = sum(len(v) for v in held_sets.values())
     loss = "multi-granular (passage + sentence KL)" if prep.sentence_weight else "passage KL only"
     say(f"training {settings.model or 'the default model'} on {len(train_records)} pairs "
-        f"({len(held)} held out), {len(train_records[0]['passages'])} passages each, loss: {loss}")
+        f"({held_count} held out), {len(train_records[0]['passages'])} passages each, loss: {loss}")
     student = work / "student"
     if not (student / "final" / "agrame.json").exists():
         t = time.time()
@@ -329,14 +393,14 @@ def train(pairs: str, out: str | Path, settings: Optional[TrainSettings] = None,
             return {"done": False, "step": state["step"], "work": str(work)}
     tuned = load_encoder(student / "final")
     report = {"done": True, "start": settings.model or "default", "pairs": len(prep.pairs),
-              "train_pairs": len(train_records), "heldout_pairs": len(held),
+              "train_pairs": len(train_records), "heldout_pairs": held_count,
               "labelled_pairs": sum(p.answer_sentences is not None for p in prep.pairs),
               "passages_per_pair": len(train_records[0]["passages"]), "loss": loss,
               "sentence_weight": prep.sentence_weight, "settings": dataclasses.asdict(settings),
               "training_log": (student / "train.log").read_text().splitlines()[-3:]}
     t = time.time()
-    if held:
-        rows = mix_rows(prep, tuned, held, settings, say)
+    if held_sets:
+        rows = mix_rows(prep, tuned, held_sets, settings, say)
         chosen = choose(rows, list(prep.guards), bool(prep.sentence_weight), settings.tolerance)
         mix = float(chosen["model"])
         model = prep.start if mix == 0 else interpolate(prep.start, tuned, mix)

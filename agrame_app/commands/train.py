@@ -31,9 +31,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
     d = TrainSettings()
     p = command_parser(sub, "train")
-    p.add_argument("--pairs", required=True, metavar="FILE",
-                   help='training pairs, JSONL: {"query", "positive", "negatives"?, "sentences"?, "spans"?, '
-                        '"scores"?} (docs/training.md)')
+    data = p.add_mutually_exclusive_group(required=True)
+    data.add_argument("--pairs", metavar="FILE",
+                      help='training pairs, JSONL: {"query", "positive", "negatives"?, "sentences"?, "spans"?, '
+                           '"scores"?} (docs/training.md)')
+    data.add_argument("--records", nargs="+", metavar="FILE[@N]",
+                      help="prepared training records instead of pairs (the research scripts' files, teacher logits "
+                           "included; @N: N copies), with --heldout-records")
     p.add_argument("--out", "-o", required=True, metavar="DIR", help="the model folder to write (new or empty)")
     p.add_argument("--corpus", metavar="FILE", default=None,
                    help="passages negatives are mined from, in any format agrame index reads; positives and "
@@ -56,6 +60,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--heldout", type=_heldout, default=d.heldout, metavar="SHARE",
                    help=f"share of the pairs held out to choose the mix λ and α (default: {d.heldout:g}; "
                         "0: keep the trained model unmixed)")
+    p.add_argument("--heldout-records", nargs="+", default=[], metavar="FILE[:SKIP:LIMIT]",
+                   help="with --records: the held-out records that choose the mix")
     p.add_argument("--mix", type=_mix, nargs="+", default=list(d.mixes), metavar="λ",
                    help="WiSE-FT mixes tried between the start (λ = 0, always a candidate) and the trained model "
                         "(default: " + " ".join(f"{m:g}" for m in d.mixes) + ")")
@@ -77,6 +83,10 @@ def run(args) -> int:
 
     if not 0 <= args.mined <= args.negatives:
         raise UsageError(f"--mined {args.mined}: between 0 and --negatives ({args.negatives})")
+    if args.heldout_records and not args.records:
+        raise UsageError("--heldout-records goes with --records (pairs hold out their own --heldout share)")
+    if args.corpus and args.records:
+        raise UsageError("--corpus goes with --pairs (prepared records hold their negatives)")
     if args.lr <= 0:
         raise UsageError(f"--lr {args.lr:g}: must be > 0")
     if args.minutes is not None and args.minutes <= 0:
@@ -91,7 +101,8 @@ def run(args) -> int:
     settings = TrainSettings(model=args.model, negatives=args.negatives, mined=args.mined, steps=args.steps,
                              batch_size=args.batch_size, lr=args.lr, layers=args.layers, heldout=args.heldout,
                              mixes=tuple(args.mix), tolerance=args.tolerance, sentence_loss=args.sentence_loss,
-                             device=args.device, minutes=args.minutes, seed=args.seed, guards=tuple(args.guard))
+                             device=args.device, minutes=args.minutes, seed=args.seed, guards=tuple(args.guard),
+                             records=tuple(args.records or ()), heldout_records=tuple(args.heldout_records))
     report = train(args.pairs, args.out, settings, corpus=args.corpus, say=say)
     if args.json:
         json.dump(report, sys.stdout, indent=2)
@@ -106,7 +117,7 @@ def _table(report: dict) -> str:
     rows = report.get("rows")
     if not rows:
         return f"wrote the trained model unmixed ({report['chosen'].get('note', '')})"
-    names = list(next(iter(rows.values())))
+    names = list(next(iter(rows.values())))  # the held-out sets, then the guards
     head = ["λ"] + [f"{n} passage P@1" for n in names] + [f"{n} sentence P@1" for n in names]
     lines = ["\t".join(head)]
     for mix, sets in rows.items():
