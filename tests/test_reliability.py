@@ -362,3 +362,24 @@ def test_an_edited_shards_file_under_a_running_server_is_a_503_naming_it(tmp_pat
     (path / "shards.json").write_bytes(bytes(data))
     for answer in (client.get("/passages/p1"), client.post("/search", json={"query": "coral"}), client.get("/health")):
         assert answer.status_code == 503 and "shards.json" in answer.text and str(path) not in answer.text, answer.text
+
+
+def test_a_lock_whose_pid_cannot_be_written_is_released_and_names_its_file(tmp_path, monkeypatch):
+    # issue 62: on a full disk the pid write failed after the flock was taken, and the lock stayed held (every
+    # later writer refused) until the process ended
+    import errno
+
+    from agrame.index.lock import WriterLock
+
+    real = os.pwrite
+
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(OSError) as failed:
+        WriterLock(tmp_path).acquire()
+    assert failed.value.errno == errno.ENOSPC and failed.value.filename == str(tmp_path / ".lock")
+    monkeypatch.setattr(os, "pwrite", real)
+    with WriterLock(tmp_path, timeout=0):  # taken at once: nothing holds it
+        pass

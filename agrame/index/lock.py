@@ -74,8 +74,14 @@ class WriterLock:
                     os.close(fd)
                     raise IndexLockedError(self.folder, holder, self.timeout, self.doing) from None
                 time.sleep(self.POLL)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            # (a full disk: the pid cannot be written) closing drops the flock: a lock taken by a write that
+            # then failed was held until the process ended, every later writer refused (issue 62)
+            os.close(fd)
+            raise OSError(exc.errno, exc.strerror, str(self.file)) from None
         self._fd = fd
         return self
 
