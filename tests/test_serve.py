@@ -251,3 +251,13 @@ def test_a_reopen_racing_a_writer_is_tried_again(served, tiny_encoder, monkeypat
     failures[0] = 0
     r = client.post("/search", json={"query": "turtles", "granularity": "passage", "top_k": 1})
     assert r.status_code == 200 and r.json()["generation"] == 3 and r.json()["passages"] == 5
+
+
+@pytest.mark.parametrize("field,value", [("top_k", "5"), ("top_k", True), ("explain", "yes"), ("explain", 1),
+                                         ("nprobe", "8"), ("allow_partial", "true")])
+def test_request_fields_are_strictly_typed(served, field, value):
+    # issue 62: "5" was taken as top_k 5 and "yes" as explain: a 422 names the field instead
+    client, _ = served
+    reply = client.post("/search", json={"query": "reef", field: value})
+    assert reply.status_code == 422 and field in reply.json()["error"], reply.text
+    assert client.post("/search", json={"query": "reef", "top_k": 2, "explain": True}).status_code == 200

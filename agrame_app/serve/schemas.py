@@ -53,6 +53,9 @@ class Limits:
         return self.max_other_bytes
 
 
+# Scalars are strict (issue 62): "5" or true is no top_k, "yes" no explain — a 422 naming the field, not a guess.
+
+
 class PassageIn(BaseModel):
     id: Optional[str] = None
     text: str
@@ -61,14 +64,14 @@ class PassageIn(BaseModel):
 class SearchRequest(BaseModel):
     query: str
     granularity: Literal["passage", "sentence", "span"] = "sentence"
-    top_k: int = Field(10, ge=1)
-    explain: bool = False
-    nprobe: Optional[int] = Field(None, ge=1, le=1024)
-    ncandidates: Optional[int] = Field(None, ge=1, le=8192)
+    top_k: int = Field(10, ge=1, strict=True)
+    explain: bool = Field(False, strict=True)
+    nprobe: Optional[int] = Field(None, ge=1, le=1024, strict=True)
+    ncandidates: Optional[int] = Field(None, ge=1, le=8192, strict=True)
     filter: Optional[Dict[str, Any]] = None
     #: Sharded on Ray: answer with the shards that replied (the response names the missing ones)
     #: instead of 503 when a shard's actor is down.
-    allow_partial: bool = False
+    allow_partial: bool = Field(False, strict=True)
 
 
 class RankRequest(BaseModel):
@@ -79,8 +82,8 @@ class RankRequest(BaseModel):
     ids: Optional[List[str]] = None
     filter: Optional[Dict[str, Any]] = None
     granularity: Literal["passage", "sentence"] = "sentence"
-    top_k: int = Field(10, ge=1)
-    explain: bool = False
+    top_k: int = Field(10, ge=1, strict=True)
+    explain: bool = Field(False, strict=True)
 
 
 class StoredPassage(BaseModel):
@@ -102,4 +105,4 @@ class DeleteRequest(BaseModel):
 class CiteRequest(BaseModel):
     answer: str
     passages: List[Union[str, PassageIn]]
-    margin: Optional[float] = Field(None, ge=0)
+    margin: Optional[float] = Field(None, ge=0, strict=True)
