@@ -383,3 +383,10 @@ def test_a_lock_whose_pid_cannot_be_written_is_released_and_names_its_file(tmp_p
     monkeypatch.setattr(os, "pwrite", real)
     with WriterLock(tmp_path, timeout=0):  # taken at once: nothing holds it
         pass
+
+
+def test_searching_with_a_model_that_does_not_exist_names_that_model(built, capsys):
+    # issue 62: it said the index "was built with model 'no-such-model'", which is false
+    code = main(["search", "-i", str(built), "-m", "no-such-model", "reef"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--model no-such-model: cannot be loaded" in err and "was built with" not in err

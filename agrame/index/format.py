@@ -463,6 +463,8 @@ def load_index_model(manifest: dict, path: str | Path, model=None):
         try:
             encoder = load_encoder(None if name == "default" else name)
         except ModelError as exc:
+            if model is not None:  # the model asked for is the one missing, not the index's (issue 62)
+                raise IndexFolderError(f"--model {name}: cannot be loaded ({exc})") from None
             raise IndexFolderError(f"index {path} was built with model {name!r}, which cannot be loaded "
                                    f"here ({exc}); pass the model folder with --model") from None
     check_model(manifest, encoder, path)
