@@ -192,6 +192,12 @@ def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder
             settings = EncoderSettings.from_json(meta)
         except TypeError as exc:
             raise ModelError(f"{settings_file}: {exc}") from exc
+        if not (path / "config.json").exists():  # (Hugging Face would list its ~300 model types instead)
+            from .delta import DELTA_FILE, DELTA_META
+
+            missing = DELTA_META if (path / DELTA_FILE).exists() else "config.json"
+            raise ModelError(f"{path}: {missing} is missing (a model folder holds {SETTINGS_FILE} with "
+                             f"{DELTA_META} + {DELTA_FILE}, or with the backbone's config.json and weights)")
         backbone, tokenizer = load_backbone(path)
         projection = None
         if settings.dim is not None:

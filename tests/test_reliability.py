@@ -390,3 +390,21 @@ def test_searching_with_a_model_that_does_not_exist_names_that_model(built, caps
     code = main(["search", "-i", str(built), "-m", "no-such-model", "reef"])
     err = capsys.readouterr().err
     assert code == 2 and "--model no-such-model: cannot be loaded" in err and "was built with" not in err
+
+
+def test_a_delta_folder_without_its_delta_json_names_the_missing_file(tmp_path):
+    # issue 62: Hugging Face's ~300 model types were printed instead
+    import shutil
+
+    from agrame.encoder import ModelError
+    from agrame.loading import MODELS_DIR, load_encoder
+
+    folder = tmp_path / "m"
+    shutil.copytree(MODELS_DIR / "gpu2100-agrame128", folder)
+    (folder / "delta.json").unlink()
+    with pytest.raises(ModelError, match=r"delta\.json is missing") as failed:
+        load_encoder(folder)
+    assert len(str(failed.value)) < 300
+    (folder / "delta.safetensors").unlink()
+    with pytest.raises(ModelError, match=r"config\.json is missing"):
+        load_encoder(folder)
