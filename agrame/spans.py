@@ -135,6 +135,22 @@ def _punkt_tokenizer():
     return PunktSentenceTokenizer(params)
 
 
+#: Full-width sentence ends (Chinese, Japanese), with the closing marks that follow them: Punkt, trained on
+#: English, kept a three-sentence Chinese passage as one sentence (issue 62). No space follows them.
+_FULL_WIDTH_END = re.compile(r"[。！？]+[」』）】〕”’]*")
+
+
+def _full_width_pieces(text: str, start: int, end: int) -> List[Piece]:
+    """``text[start:end]`` cut after each full-width sentence end that more text follows."""
+    pieces, at = [], start
+    for m in _FULL_WIDTH_END.finditer(text, start, end):
+        if m.end() < end:
+            pieces.append((at, m.end()))
+            at = m.end()
+    pieces.append((at, end))
+    return pieces
+
+
 def split_sentences(text: str) -> List[Piece]:
     """Sentence spans ``(start, end)`` of ``text`` (Punkt, English).
 
@@ -149,11 +165,12 @@ def split_sentences(text: str) -> List[Piece]:
         base = block.start()
         for s, e in tokenizer.span_tokenize(block.group()):
             # Punkt keeps leading/trailing spaces out already; strip other whitespace too.
-            chunk = text[base + s : base + e]
-            left = len(chunk) - len(chunk.lstrip())
-            right = len(chunk.rstrip())
-            if right > left:
-                raw.append((base + s + left, base + s + right))
+            for cs, ce in _full_width_pieces(text, base + s, base + e):
+                chunk = text[cs:ce]
+                left = len(chunk) - len(chunk.lstrip())
+                right = len(chunk.rstrip())
+                if right > left:
+                    raw.append((cs + left, cs + right))
     merged: List[Piece] = []
     pending_start: int | None = None
     for s, e in raw:

@@ -140,3 +140,22 @@ def test_sorted_token_segments_equals_token_segments(passages):
     got = sorted_token_segments(torch.cat(all_offsets), torch.tensor(all_spans, dtype=torch.long).reshape(-1, 2),
                                 torch.cat(groups), torch.tensor(starts))
     assert got.tolist() == torch.cat(expected).tolist()
+
+
+def test_full_width_sentence_ends_split_chinese_and_japanese():
+    # issue 62: a three-sentence Chinese passage was one sentence (Punkt knows English only)
+    text = "今天天气很好。我们去公园散步！你想一起去吗？"
+    assert [text[s:e] for s, e in split_sentences(text)] == ["今天天气很好。", "我们去公园散步！", "你想一起去吗？"]
+    text = "Reefs bleach. 「東京は大きい。」そうです。"
+    assert [text[s:e] for s, e in split_sentences(text)] == ["Reefs bleach.", "「東京は大きい。」", "そうです。"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="ab 。！？」\n.", max_size=40))
+def test_every_word_character_lies_in_exactly_one_sentence(text):
+    covered = [0] * len(text)
+    for s, e in split_sentences(text):
+        for k in range(s, e):
+            covered[k] += 1
+    assert all(c <= 1 for c in covered)
+    assert all(covered[k] == 1 for k, ch in enumerate(text) if ch in "ab")
