@@ -185,6 +185,9 @@ def test_index_add_and_search_options(capsys, coral_file, tiny_model_dir, tmp_pa
     (["search", "-i", "IDX", "   "], "query is empty"),
     (["search", "-i", "IDX", "-g", "span", "reef"], "holds no spans"),
     (["search", "-i", "IDX", "-m", "OTHER", "reef"], "search it with --model"),
+    # issue 62: --add with the wrong model said "search it with --model …"
+    (["index", "--add", "-p", "CORAL", "-i", "IDX", "-m", "OTHER"], "add to it with --model"),
+    (["index", "--upsert", "-p", "CORAL", "-i", "IDX", "-m", "OTHER"], "upsert into it with --model"),
     (["search", "-i", "MISSING", "reef"], "does not exist"),
     (["index", "--add", "-p", "CORAL", "-i", "MISSING"], "does not exist"),
     (["index", "--add", "--overwrite", "-p", "CORAL", "-i", "IDX"], "cannot be combined"),

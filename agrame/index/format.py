@@ -447,7 +447,7 @@ def index_model_name(manifest: dict) -> str:
     return source
 
 
-def load_index_model(manifest: dict, path: str | Path, model=None):
+def load_index_model(manifest: dict, path: str | Path, model=None, action: str = "search it"):
     """The encoder to search an index with: ``model`` if given (an :class:`Encoder`, or an object with
     its ``fingerprint()``, ``source`` and ``passage_offsets``; checked), else the index's own."""
     from ..encoder import ModelError
@@ -467,12 +467,13 @@ def load_index_model(manifest: dict, path: str | Path, model=None):
                 raise IndexFolderError(f"--model {name}: cannot be loaded ({exc})") from None
             raise IndexFolderError(f"index {path} was built with model {name!r}, which cannot be loaded "
                                    f"here ({exc}); pass the model folder with --model") from None
-    check_model(manifest, encoder, path)
+    check_model(manifest, encoder, path, action)
     return encoder
 
 
-def check_model(manifest: dict, encoder, path: str | Path) -> None:
-    """Refuse an encoder other than the one the index was built with, naming the flag that works."""
+def check_model(manifest: dict, encoder, path: str | Path, action: str = "search it") -> None:
+    """Refuse an encoder other than the one the index was built with, naming the flag that works for
+    ``action`` (what the user was doing: "search it", "add to it")."""
     built = manifest["model"]
     if built["fingerprint"] == encoder.fingerprint():
         return
@@ -482,11 +483,11 @@ def check_model(manifest: dict, encoder, path: str | Path) -> None:
     alias = named_model_with_fingerprint(built["fingerprint"]) if name == "default" else None
     if alias is not None:
         name = alias
-        fix = f"it was built with an earlier default model, shipped now as {alias}: search it with --model {alias}"
+        fix = f"it was built with an earlier default model, shipped now as {alias}: {action} with --model {alias}"
     elif name == "default" and model_name(encoder) == current_default_name():
         fix = "it was built with an earlier default model: rebuild it (agrame index --overwrite)"
     else:
-        fix = "search it without --model" if name == "default" else f"search it with --model {name}"
+        fix = f"{action} without --model" if name == "default" else f"{action} with --model {name}"
     raise IndexFolderError(
         f"index {path} was built with model {name} (fingerprint {built['fingerprint'][:12]}), "
         f"but the loaded model is {model_name(encoder)} (fingerprint {encoder.fingerprint()[:12]}); {fix}")

@@ -184,14 +184,14 @@ def open_writer(path: str, args, compact_threshold=UNSET_THRESHOLD):
     return IndexWriter(path, lock_timeout=args.lock_timeout, compact_threshold=threshold, say=say)
 
 
-def index_model(path: str, model):
+def index_model(path: str, model, action: str = "search it"):
     from agrame.index import read_manifest
     from agrame.index.format import load_index_model
     from agrame.index.sharded import is_sharded, read_shards
 
     if is_sharded(path):
         path = os.path.join(path, read_shards(path)["shards"][0])
-    return load_index_model(read_manifest(path), path, model)
+    return load_index_model(read_manifest(path), path, model, action)
 
 
 def read_ids(path: str) -> List[str]:

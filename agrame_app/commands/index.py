@@ -78,7 +78,7 @@ def run(args) -> int:
     from agrame.index import build_index
 
     if args.add or args.upsert:
-        encoder = index_model(args.index, args.model)
+        encoder = index_model(args.index, args.model, "upsert into it" if args.upsert else "add to it")
         with open_writer(args.index, args) as writer:
             change = writer.upsert if args.upsert else writer.add
             new = change(encoder, passages, batch_size=args.batch_size, progress=True, pool_factor=args.pool_factor)
