@@ -70,7 +70,9 @@ def test_pairs_train_into_a_model_folder_that_indexes_and_searches(data, tiny_mo
     assert set(report["rows"]) == {"0", "0.5", "1"}  # the start (λ = 0) is always a candidate
     assert report["chosen"]["mix"] in (0.0, 0.5, 1.0) and "(start)" in table
     assert not (tmp / ".my-model.train").exists() and not (tmp / ".my-model.tmp").exists()
-    # the folder is a model as it is: index, search, Ranker
+    # the folder is a model as it is: agrame models, index, search, Ranker
+    code, shown, _ = cli(["models", out], capsys)
+    assert code == 0 and f"agrame train from {tiny_model_dir} on 40 pairs" in shown and "λ = 0 (start)" in shown
     code, _, err = cli(["index", "-p", corpus, "-i", tmp / "idx", "-m", out], capsys)
     assert code == 0, err
     code, hits, _ = cli(["search", "-i", tmp / "idx", "-f", "jsonl", "-k", "2", "where do comets grow"], capsys)

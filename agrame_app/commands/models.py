@@ -12,9 +12,31 @@ from .common import command_parser
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = command_parser(sub, "models")
+    p.add_argument("folders", nargs="*", metavar="FOLDER",
+                   help="describe these model folders instead (e.g. agrame train's output: its start, mix and "
+                        "held-out rows)")
     p.add_argument("--format", "-f", choices=("table", "jsonl"), default="table",
                    help="table for reading, jsonl for piping (default: table)")
     return p
+
+
+def describe(folder: str) -> Dict:
+    """A model folder as ``--model`` loads it, and what ``agrame train`` recorded of it (``train.json``)."""
+    from agrame.loading import load_encoder
+
+    encoder = load_encoder(folder)  # ModelError (exit 2) names what is wrong
+    out = {"name": folder, "source": encoder.source, "dim": encoder.dim, "alpha": encoder.settings.alpha,
+           "sentence_marker": encoder.settings.span_query_marker, "fingerprint": encoder.fingerprint()[:12]}
+    report = Path(folder) / "train.json"
+    if report.is_file():
+        trained = json.loads(report.read_text())
+        chosen = trained.get("chosen", {})
+        out["trained"] = {"start": trained.get("start"), "loss": trained.get("loss"), "pairs": trained.get("pairs"),
+                          "mix": chosen.get("mix"), "alpha": chosen.get("alpha"),
+                          "rows": {m: {n: {"passage_p1": r["passage_p1"],
+                                           "sentence_p1": max(r["sentence_p1_by_alpha"].values())}
+                                       for n, r in sets.items()} for m, sets in trained.get("rows", {}).items()}}
+    return out
 
 
 def _cards() -> dict:
@@ -51,6 +73,23 @@ def _fmt(x) -> str:
 
 
 def run(args) -> int:
+    if args.folders:
+        described = [describe(f) for f in args.folders]
+        for d in described:
+            if args.format == "jsonl":
+                print(json.dumps(d, ensure_ascii=False))
+                continue
+            print(f"{d['name']}: {d['dim']}-d, α {d['alpha']:g}, sentence queries {d['sentence_marker']}, "
+                  f"fingerprint {d['fingerprint']} ({d['source']})")
+            t = d.get("trained")
+            if t:
+                print(f"  agrame train from {t['start']} on {t['pairs']} pairs, {t['loss']}; kept λ = {t['mix']:g}, "
+                      f"α = {t['alpha']}")
+                for mix, sets in t["rows"].items():
+                    cells = "; ".join(f"{n} passage {r['passage_p1']:.1f} sentence {r['sentence_p1']:.1f}"
+                                      for n, r in sets.items())
+                    print(f"  λ = {mix}{' (start)' if mix == '0' else ''}: {cells}")
+        return 0
     cards = _cards()
     listed = models(cards)
     if args.format == "jsonl":
