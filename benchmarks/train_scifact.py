@@ -3,7 +3,7 @@ the default on 2 CPU cores, beside the same run with the passage loss alone (``b
 
     python -m benchmarks.train_scifact data --out runs/train-scifact        # pairs.jsonl + corpus.jsonl
     python -m benchmarks.train_scifact guard --model M --guard G --out F    # the NQ guard row of a model
-    python -m benchmarks.train_scifact report --runs runs/train-scifact     # benchmarks/results/train-scifact.json
+    python -m benchmarks.train_scifact report --runs runs/train-scifact     # training/results/train-scifact.json
 
 Pairs: every SciFact train claim with rationales, its gold abstract (the lowest corpus position among them, as
 ``training/mined.py`` takes it) as a corpus id, its rationale sentences as character ``spans``; the corpus is
@@ -105,7 +105,7 @@ def main(argv=None) -> None:
     g.add_argument("--out", type=Path, required=True)
     r = sub.add_parser("report")
     r.add_argument("--runs", type=Path, required=True)
-    r.add_argument("--out", type=Path, default=RESULTS / "train-scifact.json")
+    r.add_argument("--out", type=Path, default=REPO / "training" / "results" / "train-scifact.json")
     args = parser.parse_args(argv)
     if args.command == "data":
         print(write_data(args.out))

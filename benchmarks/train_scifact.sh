@@ -2,7 +2,7 @@
 # Issue 60: agrame train on SciFact's train claims (rationale sentences as spans), from the default, on 2 CPU
 # cores, beside the same run with the passage loss alone; SciFact dev and the NQ guard for both. Every stage
 # resumes (a finished file is skipped). The NQ guard file: GUARDS=2000 ONLY=data bash training/scale.sh.
-#   bash benchmarks/train_scifact.sh          # then benchmarks/results/train-scifact.json
+#   bash benchmarks/train_scifact.sh          # then training/results/train-scifact.json
 #   RUN=echo bash benchmarks/train_scifact.sh # print the stages, run nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -288,3 +288,14 @@ def test_prepared_records_train_as_the_recipe_did(data, tiny_encoder, tmp_path, 
     assert code == 2 and "needs --heldout-records" in err
     code, _, err = cli(["train", "--records", train_file, "--corpus", corpus, "--out", tmp / "m2"], capsys)
     assert code == 2 and "--corpus goes with --pairs" in err
+
+
+def test_the_scifact_measure_runs_both_losses_then_reports(tmp_path):
+    repo = Path(__file__).resolve().parent.parent
+    out = subprocess.run(["bash", str(repo / "benchmarks" / "train_scifact.sh")], capture_output=True, text=True,
+                         env={**__import__("os").environ, "RUN": "echo", "AGRAME_RUNS": str(tmp_path)}, check=True).stdout
+    trains = [line for line in out.splitlines() if line.startswith("agrame train")]
+    assert len(trains) == 2 and "--sentence-loss off" in trains[1] and "--sentence-loss" not in trains[0]
+    assert all(f"--pairs {tmp_path}/train-scifact/pairs.jsonl --corpus {tmp_path}/train-scifact/corpus.jsonl" in t
+               for t in trains)
+    assert out.splitlines()[-1].startswith("python -m benchmarks.train_scifact report")
