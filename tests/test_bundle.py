@@ -363,14 +363,16 @@ def test_the_refusal_names_the_shipped_models_a_device_call_need_not_send(tmp_pa
     repo = tmp_path / "repo"
     for rel, size in (("agrame/models/zero-shot-128/projection.safetensors", 300),  # a start: stays
                       ("agrame/models/big/delta.safetensors", 4000), ("agrame/models/big/delta.json", 96),
+                      ("training/results/call/kept/delta.safetensors", 2000), ("training/results/call/run.json", 9),
                       ("agrame/encoder.py", 50)):
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).write_bytes(b"x" * size)
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    assert bundle.unneeded_shipped_models(repo) == {"big": 4096}
+    # (and a student's weights kept beside its call's results)
+    assert bundle.unneeded_shipped_models(repo) == {"big": 4096, "training/results/call/kept": 2000}
     hint = bundle.slim_checkout_hint(1000, repo)
-    assert "git rm -rq agrame/models/big &&" in hint and "zero-shot-128" not in hint
-    assert bundle.slim_checkout_hint(5000, repo) == ""  # leaving them out would not make room
+    assert "git rm -rq agrame/models/big training/results/call/kept &&" in hint and "zero-shot-128" not in hint
+    assert bundle.slim_checkout_hint(7000, repo) == ""  # leaving them out would not make room
 
 
 def test_a_checkout_without_the_unneeded_shipped_models_leaves_room_for_the_real_bundle():

@@ -366,6 +366,12 @@ def unneeded_shipped_models(repo: Path = REPO) -> Dict[str, int]:
         parts = Path(f).parts
         if len(parts) > 3 and parts[2] not in starts:
             sizes[parts[2]] = sizes.get(parts[2], 0) + size
+    # students' weights kept beside their call's results (training/results/<call>/<student>/delta.*), by path
+    for f, size in _travelling_files(repo, "training/results").items():
+        parts = Path(f).parts
+        if len(parts) == 5 and parts[4].startswith("delta."):
+            folder = "/".join(parts[:4])
+            sizes[folder] = sizes.get(folder, 0) + size
     return sizes
 
 
@@ -375,7 +381,7 @@ def slim_checkout_hint(excess: int, repo: Path = REPO) -> str:
     heavy = unneeded_shipped_models(repo)
     if not heavy or sum(heavy.values()) < excess:
         return ""
-    paths = " ".join(f"agrame/models/{name}" for name in sorted(heavy))
+    paths = " ".join(name if "/" in name else f"agrame/models/{name}" for name in sorted(heavy))
     return (f". The checkout sends {sum(heavy.values()) / 2 ** 20:.1f} MiB of shipped models that no student "
             f"starts from ({', '.join(sorted(heavy))}): pack and call the device from a commit without them — "
             f"git switch -c device-run && git rm -rq {paths} && git commit -qm 'device run: no shipped models' — "
