@@ -408,3 +408,22 @@ def test_a_delta_folder_without_its_delta_json_names_the_missing_file(tmp_path):
     (folder / "delta.safetensors").unlink()
     with pytest.raises(ModelError, match=r"config\.json is missing"):
         load_encoder(folder)
+
+
+def test_a_request_with_both_framings_is_refused_and_closed(tiny_model_dir):
+    # issue 62: Content-Length with Transfer-Encoding: chunked was accepted (RFC 9112 §6.3: reject, and close)
+    import socket
+
+    from agrame_app.serve import create_app
+
+    from benchmarks.browser_check import Server
+
+    body = b'{"query": "reef"}'
+    with Server(create_app(None, model=str(tiny_model_dir))) as server:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        sock.sendall(b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+                     % (len(body), len(body), body))
+        reply = _read_response(sock)
+        assert reply.startswith(b"HTTP/1.1 400 "), reply[:200]
+        assert b"both Content-Length and Transfer-Encoding" in reply and b"connection: close" in reply.lower()

@@ -18,7 +18,14 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         limit = self.limits.body_limit(scope["method"], scope["path"])
-        headers = dict(scope.get("headers") or [])
+        raw = scope.get("headers") or []
+        headers = dict(raw)
+        names = [k.lower() for k, _ in raw]
+        if b"transfer-encoding" in names and b"content-length" in names or names.count(b"content-length") > 1:
+            # RFC 9112 §6.3: a message with both framings (or two lengths) may be a smuggling attempt, and
+            # a server that answers it must close the connection: refused before a byte is read (issue 62)
+            return await self._refuse(scope, receive, send, 400, "request framing: both Content-Length and "
+                                      "Transfer-Encoding (or two Content-Lengths); send one", close=True)
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             return await self._refuse(scope, receive, send, 413, f"body of {int(declared):,} bytes: at most "
@@ -60,7 +67,9 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     @staticmethod
-    async def _refuse(scope, receive, send, status: int, message: str):
+    async def _refuse(scope, receive, send, status: int, message: str, close: bool = False):
         from fastapi.responses import JSONResponse
 
-        await JSONResponse({"error": message}, status_code=status)(scope, receive, send)
+        response = JSONResponse({"error": message}, status_code=status,
+                                headers={"Connection": "close"} if close else None)
+        await response(scope, receive, send)
