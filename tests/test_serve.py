@@ -261,3 +261,25 @@ def test_request_fields_are_strictly_typed(served, field, value):
     reply = client.post("/search", json={"query": "reef", field: value})
     assert reply.status_code == 422 and field in reply.json()["error"], reply.text
     assert client.post("/search", json={"query": "reef", "top_k": 2, "explain": True}).status_code == 200
+
+
+def test_health_is_degraded_when_the_folder_is_swapped_for_an_index_of_another_model(tmp_path, tiny_encoder,
+                                                                                     tiny_model_dir, other_model_dir):
+    # issue 62: /search answered 400 while /health stayed ok
+    import shutil
+
+    from agrame.loading import load_encoder
+
+    path = tmp_path / "ix"
+    build_index(tiny_encoder, [Passage(str(i), t) for i, t in enumerate(TEXTS)], path, progress=False)
+    client = TestClient(create_app(path, model=str(tiny_model_dir)))
+    assert client.get("/health").status_code == 200
+    other = tmp_path / "other"
+    build_index(load_encoder(str(other_model_dir)), [Passage(str(i), t) for i, t in enumerate(TEXTS)], other,
+                progress=False)
+    shutil.rmtree(path)
+    other.rename(path)
+    assert client.post("/search", json={"query": "reef"}).status_code >= 400
+    health = client.get("/health")
+    assert health.status_code == 503 and health.json()["status"] == "degraded"
+    assert "cannot serve" in health.json()["error"] and "was built with model" in health.json()["error"]

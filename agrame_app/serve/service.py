@@ -372,6 +372,17 @@ class IndexService:
         if holder.reload_error:
             info["reload_error"] = holder.reload_error
         out["index"] = info
+        problem = holder.reload_error if not getattr(holder, "mid_commit", False) else None
+        if problem is None:
+            from agrame.index.format import IndexFolderError, check_model
+
+            try:  # an index of another model swapped in by rename opens, but no search can use it (issue 62)
+                check_model(idx.manifest, self.encoder, holder.path)
+            except (IndexFolderError, KeyError, ShardUnavailableError) as exc:
+                problem = None if isinstance(exc, (KeyError, ShardUnavailableError)) else str(exc)
+        if problem:
+            out.update(status="degraded", error=f"the index folder holds what this server cannot serve: {problem}")
+            return out, 503, {}
         if damaged is not None:
             info["damaged"] = damaged.file
             out.update(status="degraded", error=damaged_message(damaged))
