@@ -37,7 +37,7 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -109,18 +109,28 @@ def evaluate(encoder: Encoder, records: Sequence[dict], grid: Sequence[float] = 
             "sentence_p1_by_alpha": {str(a): round(100 * h / n, 1) for a, h in hits.items()}}
 
 
-def read_held(spec: str) -> tuple:
+def read_window(spec: str) -> List[dict]:
+    """The records of ``FILE[:skip[:limit]]`` (``ValueError`` naming the spec otherwise)."""
     from .records import read
 
-    name, _, rest = spec.partition("=")
-    path, *window = rest.split(":")
-    if not name or not path or not Path(path).is_file() or not all(w.isdigit() for w in window):
-        raise ValueError(f"--held {spec}: expected NAME=FILE[:skip[:limit]] with an existing FILE")
+    path, *window = spec.split(":")
+    if not path or not Path(path).is_file() or len(window) > 2 or not all(w.isdigit() for w in window):
+        raise ValueError(f"{spec}: expected FILE[:skip[:limit]] with an existing FILE")
     records = read(path)
     if window:
         skip, limit = int(window[0]), int(window[1]) if len(window) > 1 else None
         records = records[skip:skip + limit] if limit else records[skip:]
-    return name, records
+    return records
+
+
+def read_held(spec: str) -> tuple:
+    name, _, rest = spec.partition("=")
+    try:
+        if not name:
+            raise ValueError
+        return name, read_window(rest)
+    except ValueError:
+        raise ValueError(f"--held {spec}: expected NAME=FILE[:skip[:limit]] with an existing FILE") from None
 
 
 def guard_deficit(sets: Dict[str, dict], alpha: str, reference: Dict[str, dict], guards: Sequence[str]) -> float:

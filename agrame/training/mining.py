@@ -3,7 +3,6 @@ passage beside BM25's (the research recipe's 4 mined + 3 BM25 of 7, ``training/m
 
 from __future__ import annotations
 
-import heapq
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -24,33 +23,35 @@ def lexical_rankings(queries: Sequence[str], corpus: Corpus, depth: int) -> List
 def model_rankings(encoder, queries: Sequence[str], corpus: Corpus, depth: int, passages_per_chunk: int = 256,
                    queries_per_batch: int = 64, progress: Optional[Callable[[int], None]] = None) -> List[List[int]]:
     """The start model's top ``depth`` corpus positions for each query by exact MaxSim S(q,p): the corpus is
-    encoded once, a chunk at a time, and every query scored against each chunk."""
+    encoded once, a chunk at a time, every query scored against each chunk, and each query's best kept."""
     from agrame.ranker import Ranker
 
     ranker = Ranker(encoder)
     encoded = [q for q, _ in ranker.encode_query_batch(list(queries), "passage")]
-    best: List[list] = [[] for _ in queries]  # a min-heap of (score, -position) per query
+    # each query's best so far: scores and corpus positions, ``[Q, ≤ depth]``
+    best_scores = torch.empty(len(queries), 0)
+    best_positions = torch.empty(len(queries), 0, dtype=torch.long)
     for start in range(0, len(corpus), passages_per_chunk):
         texts = corpus.texts[start:start + passages_per_chunk]
         chunk = ranker.encode([(str(start + k), t) for k, t in enumerate(texts)])
         docs = chunk.vectors.float()
+        rows = []
         for b in range(0, len(encoded), queries_per_batch):
             group = encoded[b:b + queries_per_batch]
             stacked = torch.cat(group)
             owner = torch.repeat_interleave(torch.arange(len(group)), torch.tensor([len(q) for q in group]))
             per_token = scoring.segment_max(scoring.similarity(stacked, docs), chunk.token_passage, len(texts))
-            scores = torch.zeros(len(group), len(texts)).index_add_(0, owner, per_token.float())
-            for k, row in enumerate(scores.tolist()):
-                heap = best[b + k]
-                for p, value in enumerate(row):
-                    item = (value, -(start + p))
-                    if len(heap) < depth:
-                        heapq.heappush(heap, item)
-                    elif item > heap[0]:
-                        heapq.heapreplace(heap, item)
+            rows.append(torch.zeros(len(group), len(texts)).index_add_(0, owner, per_token.float()))
+        scores = torch.cat([best_scores, torch.cat(rows)], dim=1)
+        positions = torch.cat([best_positions, torch.arange(start, start + len(texts)).expand(len(queries), -1)],
+                              dim=1)
+        # the kept columns (earlier chunks, already tie-broken) precede this chunk's, in position order: a stable
+        # sort breaks every tie by the lower position
+        order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :depth]
+        best_scores, best_positions = scores.gather(1, order), positions.gather(1, order)
         if progress is not None:
             progress(len(texts))
-    return [[-p for _, p in sorted(heap, reverse=True)] for heap in best]
+    return best_positions.tolist()
 
 
 def choose_negatives(pair: Pair, corpus: Corpus, by_model: Sequence[int], by_bm25: Sequence[int], count: int,

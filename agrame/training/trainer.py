@@ -118,7 +118,8 @@ def read_guard(path: str) -> List[dict]:
     from .records import read
 
     try:
-        first = next((json.loads(line) for line in open(path) if line.strip()), None)
+        with open(path) as f:
+            first = next((json.loads(line) for line in f if line.strip()), None)
     except (OSError, json.JSONDecodeError) as exc:
         raise InputError(f"cannot read a guard file: {exc}", path) from None
     if isinstance(first, dict) and "passages" in first:
@@ -133,13 +134,12 @@ def read_guard(path: str) -> List[dict]:
 
 def read_held(spec: str) -> List[dict]:
     """``FILE`` or ``FILE:SKIP:LIMIT`` of training records."""
-    from .records import read
+    from .choose_mix import read_window
 
-    path, *window = spec.split(":")
-    if not Path(path).is_file() or len(window) not in (0, 2) or not all(w.isdigit() for w in window):
-        raise InputError("expected an existing records FILE or FILE:SKIP:LIMIT", spec)
-    records = read(path)
-    return records[int(window[0]):int(window[0]) + int(window[1])] if window else records
+    try:
+        return read_window(spec)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
 
 
 def prepare_records(settings: TrainSettings) -> Prepared:
