@@ -64,7 +64,7 @@ def guard_row(model: str, guard: Path) -> dict:
             "sentence_p1": row["sentence_p1_by_alpha"][str(float(alpha))], "file": guard.name}
 
 
-def report(runs: Path) -> dict:
+def report(runs: Path, name: str = "train-scifact") -> dict:
     default_sci = json.loads(DEFAULT_SCIFACT.read_text())["metrics"]
     default_guard = json.loads(DEFAULT_GUARD.read_text())["rows"]["mix=0.5"]["nq"]
     rows = {"default": {"scifact_dev_passage_p1": default_sci["psg_p1"], "scifact_dev_sentence_p1": default_sci["sent_p1"],
@@ -75,7 +75,7 @@ def report(runs: Path) -> dict:
 
     for kind in KINDS:
         trained = json.loads((runs / kind / "train.json").read_text())
-        sci = read(RESULTS / f"cross_domain-scifact-dev-colbert-zeroshot-psg-train-scifact-{kind}.json").get(
+        sci = read(RESULTS / f"cross_domain-scifact-dev-colbert-zeroshot-psg-{name}-{kind}.json").get(
             "metrics", {})
         guard = read(runs / f"{kind}-guard.json")
         rows[kind] = {"loss": KINDS[kind], "scifact_dev_passage_p1": sci.get("psg_p1"),
@@ -83,6 +83,7 @@ def report(runs: Path) -> dict:
                       "nq_guard_sentence_p1": guard.get("sentence_p1"), "chosen": trained["chosen"],
                       "seconds": trained["seconds"], "pairs": trained["pairs"], "train_pairs": trained["train_pairs"],
                       "heldout_pairs": trained["heldout_pairs"], "steps": trained["settings"]["steps"],
+                      "attention_dropout": trained["settings"].get("attention_dropout", "model (0.1)"),
                       "heldout_rows": {m: r["heldout"] for m, r in trained.get("rows", {}).items()}}
     d = rows["default"]
     targets = {
@@ -91,7 +92,7 @@ def report(runs: Path) -> dict:
         "NQ guard passage P@1 ≥ default − 1": (rows["agrame"]["nq_guard_passage_p1"], d["nq_guard_passage_p1"] - 1),
         "train time ≤ 30 min": (-rows["agrame"]["seconds"]["total"] / 60, -30.0),
     }
-    return {"benchmark": "train-scifact", "rows": rows,
+    return {"benchmark": name, "rows": rows,
             "targets": {k: ({"measured": round(abs(v), 2), "bound": round(abs(b), 2), "met": v >= b - 1e-9}
                             if v is not None else {"measured": None, "met": None, "note": "not measured"})
                         for k, (v, b) in targets.items()},
@@ -109,7 +110,8 @@ def main(argv=None) -> None:
     g.add_argument("--out", type=Path, required=True)
     r = sub.add_parser("report")
     r.add_argument("--runs", type=Path, required=True)
-    r.add_argument("--out", type=Path, default=REPO / "training" / "results" / "train-scifact.json")
+    r.add_argument("--name", default="train-scifact", help="the run's name (benchmarks/train_scifact.sh's NAME)")
+    r.add_argument("--out", type=Path, default=None, help="default: training/results/NAME.json")
     args = parser.parse_args(argv)
     if args.command == "data":
         print(write_data(args.out))
@@ -117,7 +119,8 @@ def main(argv=None) -> None:
         args.out.write_text(json.dumps(guard_row(args.model, args.guard), indent=2))
         print(args.out.read_text())
     else:
-        result = report(args.runs)
+        result = report(args.runs, args.name)
+        args.out = args.out or REPO / "training" / "results" / f"{args.name}.json"
         args.out.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result["targets"], indent=2, ensure_ascii=False))
 

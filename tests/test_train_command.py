@@ -299,3 +299,39 @@ def test_the_scifact_measure_runs_both_losses_then_reports(tmp_path):
     assert all(f"--pairs {tmp_path}/train-scifact/pairs.jsonl --corpus {tmp_path}/train-scifact/corpus.jsonl" in t
                for t in trains)
     assert out.splitlines()[-1].startswith("python -m benchmarks.train_scifact report")
+
+
+def test_attention_dropout_is_set_on_every_attention_block_and_nothing_else(tiny_encoder):
+    import copy
+
+    from agrame.training.student import set_attention_dropout
+
+    encoder = copy.deepcopy(tiny_encoder)
+    blocks = len(encoder.backbone.encoder.layer)
+    for module in encoder.backbone.modules():  # hidden dropout off, so only attention dropout can differ
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    ids = torch.randint(5, 90, (2, 12))
+    mask = torch.ones_like(ids)
+
+    def twice() -> bool:
+        encoder.backbone.train()
+        a = encoder.backbone(input_ids=ids, attention_mask=mask).last_hidden_state
+        b = encoder.backbone(input_ids=ids, attention_mask=mask).last_hidden_state
+        return torch.equal(a, b)
+
+    assert set_attention_dropout(encoder, 0.5) == blocks
+    assert not twice()  # the attention's dropout draws
+    assert set_attention_dropout(encoder, 0.0) == blocks
+    assert twice()
+    assert encoder.backbone.config.attention_probs_dropout_prob == 0.0
+    with pytest.raises(ValueError, match="attention dropout"):
+        set_attention_dropout(encoder, 1.0)
+
+
+def test_attention_dropout_out_of_range_is_a_usage_error(data, tiny_model_dir, capsys):
+    tmp, corpus, pairs = data
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--pairs", str(pairs), "--out", str(tmp / "m"), "--attention-dropout", "1.5"])
+    assert stop.value.code == 2 and "[0, 1) or 'model'" in capsys.readouterr().err
+    assert not (tmp / "m").exists()

@@ -52,6 +52,9 @@ class TrainSettings:
     lr: float = 1e-4
     layers: int = 6                      # top transformer layers tuned (with the projection and marker rows)
     layer_lr_decay: float = 0.8
+    #: dropout on the attention probabilities while training (None: the start model's own, 0.1 for BERTs); 0
+    #: by default because on a CPU it is most of a step's time (set_attention_dropout's note)
+    attention_dropout: Optional[float] = 0.0
     warmup: float = 0.05
     heldout: float = 0.2                 # share of the pairs that chooses the mix (0: none, the trained model as is)
     min_heldout: int = 10
@@ -98,6 +101,8 @@ def _check_settings(s: TrainSettings) -> None:
         problems.append("mixes must lie in (0, 1]")
     if s.sentence_loss not in SENTENCE_LOSS:
         problems.append(f"sentence_loss must be one of {', '.join(SENTENCE_LOSS)}")
+    if s.attention_dropout is not None and not 0 <= s.attention_dropout < 1:
+        problems.append("attention-dropout must be in [0, 1)")
     if s.lr <= 0 or not 0 <= s.warmup < 1 or s.layer_lr_decay <= 0:
         problems.append("lr and layer-lr-decay must be > 0, warmup in [0, 1)")
     if problems:
@@ -253,7 +258,7 @@ def _train_student(prep: Prepared, records: List[dict], settings: TrainSettings,
     from . import precision
     from .loop import LoopSettings, train as loop
     from .losses import MultiGranularKLLoss
-    from .student import StudentScorer, layerwise_groups, make_loss, trainable_parameters
+    from .student import StudentScorer, layerwise_groups, make_loss, set_attention_dropout, trainable_parameters
 
     torch.manual_seed(settings.seed)
     encoder = load_encoder(settings.model).to(settings.device)
@@ -265,6 +270,8 @@ def _train_student(prep: Prepared, records: List[dict], settings: TrainSettings,
         encoder = encoder.with_settings(markers={**encoder.settings.markers, "Q'": DEFAULT_MARKERS["Q'"]},
                                         span_query_marker="Q'")
     precision.apply(encoder, settings.device, settings.precision)
+    if settings.attention_dropout is not None:
+        set_attention_dropout(encoder, settings.attention_dropout)
     params = trainable_parameters(encoder, min(settings.layers, len(encoder.backbone.encoder.layer)))
     if settings.layer_lr_decay != 1.0:
         params = layerwise_groups(encoder, params, settings.layer_lr_decay)

@@ -26,6 +26,18 @@ def _heldout(value: str) -> float:
     return number
 
 
+def _dropout(value: str):
+    if value == "model":
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not 0 <= number < 1:
+        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1) or 'model', got {value!r}")
+    return number
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     from agrame.training.trainer import SENTENCE_LOSS, TrainSettings
 
@@ -54,6 +66,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default: {d.lr:g})")
     p.add_argument("--layers", type=positive_int, default=d.layers,
                    help=f"top transformer layers tuned (default: {d.layers})")
+    p.add_argument("--attention-dropout", type=_dropout, default=d.attention_dropout, metavar="P",
+                   help=f"dropout on attention probabilities while training, or 'model' for the start's own "
+                        f"(default: {d.attention_dropout:g}: on a CPU it is most of a step's time)")
     p.add_argument("--sentence-loss", choices=SENTENCE_LOSS, default=d.sentence_loss,
                    help="the sentence KL loss beside the passage loss: auto = when any pair labels sentences or "
                         "spans (default)")
@@ -100,6 +115,7 @@ def run(args) -> int:
             raise UsageError(f"--device {args.device}: {str(exc).splitlines()[0]}") from None
     settings = TrainSettings(model=args.model, negatives=args.negatives, mined=args.mined, steps=args.steps,
                              batch_size=args.batch_size, lr=args.lr, layers=args.layers, heldout=args.heldout,
+                             attention_dropout=args.attention_dropout,
                              mixes=tuple(args.mix), tolerance=args.tolerance, sentence_loss=args.sentence_loss,
                              device=args.device, minutes=args.minutes, seed=args.seed, guards=tuple(args.guard),
                              records=tuple(args.records or ()), heldout_records=tuple(args.heldout_records))
