@@ -13,7 +13,7 @@ from agrame.index import Index, build_index
 from agrame.index.format import read_manifest, store_root
 from agrame_app.cli import main
 
-from benchmarks.safety import TEXTS
+from reliability.corpus import TEXTS
 
 
 def _passages(tag: str = "p", n: int = len(TEXTS)):
@@ -322,7 +322,7 @@ def test_help_offers_only_supported_ray_addresses_and_ray_client_is_refused(caps
 def test_a_killed_fresh_build_leaves_nothing_after_the_next_build_of_that_path(tmp_path, tiny_encoder):
     """A fresh build killed before or after its first write left its temporary folder beside the path
     for ever: the next build of the same path checked it with the build lock it held itself."""
-    from benchmarks.standing import _killed
+    from reliability.standing import _killed
 
     from agrame.index.writer import BUILD_MARKER
 
@@ -377,9 +377,12 @@ def test_a_lock_whose_pid_cannot_be_written_is_released_and_names_its_file(tmp_p
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "pwrite", full)
-    with pytest.raises(OSError) as failed:
+    from agrame.index.format import NoSpaceError
+
+    with pytest.raises(NoSpaceError) as failed:  # (a server answers it 507, not 500)
         WriterLock(tmp_path).acquire()
-    assert failed.value.errno == errno.ENOSPC and failed.value.filename == str(tmp_path / ".lock")
+    assert failed.value.file == ".lock" and "No space left" in failed.value.reason
+    assert "no space left writing .lock" in str(failed.value)
     monkeypatch.setattr(os, "pwrite", real)
     with WriterLock(tmp_path, timeout=0):  # taken at once: nothing holds it
         pass

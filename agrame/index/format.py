@@ -43,6 +43,27 @@ class IndexDamagedError(IndexFolderError):
         self.file, self.problem = file, problem
 
 
+class ReadOnlyIndexError(IndexFolderError):
+    """A write to an index on a read-only file system (a container's read-only volume): it can be searched and
+    served, not written. ``mount``: the mount point the index lies under."""
+
+    def __init__(self, path, mount: str):
+        super().__init__(f"index {path} is on a read-only file system (mounted at {mount}): it can be searched "
+                         "and served, not written")
+        self.mount = mount
+
+
+def mount_point(path: Union[str, Path]) -> str:
+    """The mount point ``path`` lies under (the highest folder on the same device)."""
+    path = Path(path).resolve()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    device = path.stat().st_dev
+    while path != path.parent and path.parent.stat().st_dev == device:
+        path = path.parent
+    return str(path)
+
+
 #: A full disk, a quota, a file size limit (``ulimit -f``): out of room, whatever the device says.
 _NO_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 

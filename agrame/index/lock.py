@@ -12,13 +12,14 @@ nowhere) and locks anew, so no two holders ever overlap.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import time
 from pathlib import Path
 from typing import Optional
 
-from .format import IndexFolderError
+from .format import IndexFolderError, ReadOnlyIndexError, mount_point, writing
 
 LOCK_FILE = ".lock"
 
@@ -52,6 +53,8 @@ class WriterLock:
         try:
             fd = os.open(self.file, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
+            if exc.errno == errno.EROFS:
+                raise ReadOnlyIndexError(self.folder, mount_point(self.file.parent)) from None
             raise IndexFolderError(f"index {self.folder}: cannot open its lock file: {exc.strerror}") from None
         deadline = time.monotonic() + self.timeout
         while True:
@@ -75,13 +78,18 @@ class WriterLock:
                     raise IndexLockedError(self.folder, holder, self.timeout, self.doing) from None
                 time.sleep(self.POLL)
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError as exc:
+            with writing(self.file):
+                try:
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                except OSError as exc:
+                    raise OSError(exc.errno, exc.strerror, str(self.file)) from None
+        except BaseException:
             # (a full disk: the pid cannot be written) closing drops the flock: a lock taken by a write that
-            # then failed was held until the process ended, every later writer refused (issue 62)
+            # then failed was held until the process ended, every later writer refused (issue 62); a full disk
+            # is a NoSpaceError naming the lock file (HTTP 507), another failure the OSError naming it
             os.close(fd)
-            raise OSError(exc.errno, exc.strerror, str(self.file)) from None
+            raise
         self._fd = fd
         return self
 

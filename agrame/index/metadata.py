@@ -325,6 +325,10 @@ def _field_rows(pos: int, meta: Mapping[str, Any]) -> Iterable[tuple]:
             yield pos, key, kind, _stored(kind, v)
 
 
+def _row_crc(row: tuple) -> int:
+    return zlib.crc32(repr(row).encode())
+
+
 def _crc_sum(rows: Iterable[tuple]) -> int:
     return sum(map(zlib.crc32, map(str.encode, map(repr, rows)))) & _MASK
 
@@ -342,11 +346,23 @@ def add_digests(a: Optional[Mapping[str, Any]], b: Mapping[str, Any]) -> dict:
                    (value(a, "fields") + value(b, "fields")) & _MASK, int(a["field_rows"]) + int(b["field_rows"]))
 
 
+class RowDamaged(sqlite3.DatabaseError):
+    """A passage row read does not match the checksum it had when the file was verified."""
+
+
 class MetadataDB:
     """One store folder's ``meta.sqlite``: read-only for readers (``writable=False``), or a writer's."""
 
     def __init__(self, path: str | Path, writable: bool = False, create: bool = False):
         self.path = Path(path)
+        #: CRC-32 of each passage row (by position) as verified against the manifest's digest: every row a
+        #: reader returns is checked against it (None: the file was not verified at open)
+        self.row_crcs: Optional[np.ndarray] = None
+        self._connect(writable, create)
+        self._lock = threading.Lock()  # one connection shared by a server's threads
+
+    def _connect(self, writable: bool = False, create: bool = False) -> None:
+        self.writable, self.immutable = writable, False
         if writable:
             self.conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             with writing(self.path):
@@ -357,13 +373,46 @@ class MetadataDB:
         else:
             if not self.path.exists():
                 raise FileNotFoundError(str(self.path))
-            self.conn = sqlite3.connect(self.path.resolve().as_uri() + "?mode=ro", uri=True, check_same_thread=False,
-                                        isolation_level=None)
+            self.conn = self._reader()
         self.conn.execute("PRAGMA busy_timeout=10000")
-        self._lock = threading.Lock()  # one connection shared by a server's threads
+
+    def _reader(self) -> sqlite3.Connection:
+        """A read-only connection. A WAL-mode file is read through its ``-shm`` index, which a reader must create
+        when no writer left one: impossible on a read-only mount or a full disk (issue 62). Where that fails
+        and no ``-wal`` holds anything, every committed row is in the file itself, and it is opened
+        ``immutable`` (no ``-shm``, no locks); the generation's rows never change while it is open, and a
+        writer's change to the file is still seen by its ``stat`` (:meth:`Store.check_unchanged`)."""
+        uri = self.path.resolve().as_uri()
+        conn = sqlite3.connect(uri + "?mode=ro", uri=True, check_same_thread=False, isolation_level=None)
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
+            return conn
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            wal = self.path.with_name(self.path.name + "-wal")
+            if wal.exists() and wal.stat().st_size > 0:
+                raise sqlite3.OperationalError(
+                    f"{exc} (its write-ahead log {wal.name} holds commits and its index cannot be created here: "
+                    "a read-only or full file system)") from None
+        conn = sqlite3.connect(uri + "?mode=ro&immutable=1", uri=True, check_same_thread=False, isolation_level=None)
+        self.immutable = True
+        return conn
 
     def close(self) -> None:
         self.conn.close()
+
+    def reopen(self) -> None:
+        """A fresh read connection: an open one keeps pages it has read in its cache, so bytes put back
+        in the file would not be seen through it (issue 62)."""
+        if self.writable:
+            raise ValueError("reopen is for read connections")
+        if not self.path.exists():
+            raise FileNotFoundError(str(self.path))
+        fresh = self._reader()  # (the open one stays in use until this one exists: a failure leaves it as it was)
+        fresh.execute("PRAGMA busy_timeout=10000")
+        with self._lock:
+            old, self.conn = self.conn, fresh
+        old.close()
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list:
         with self._lock:
@@ -390,6 +439,9 @@ class MetadataDB:
     # integrity: the file changes in place (SQLite pages), so it has no CRC in the manifest; the rows of
     # committed positions never change (appends only), so a digest of them is the same at every open
     def digest(self, num_positions: int) -> dict:
+        return self._digest_rows(num_positions)[0]
+
+    def _digest_rows(self, num_positions: int) -> Tuple[dict, np.ndarray]:
         """The digest of the committed rows as the searches read them: ``passages`` by position (ids
         and metadata), its id index (id → position), the field values through ``fields_kv`` (the
         filters' index) and in their table. A sum of the rows' CRC-32s: additive, so a commit adds
@@ -410,7 +462,10 @@ class MetadataDB:
         summed = _crc_sum(fields)
         if len(table) != len(fields) or _crc_sum(table) != summed:
             raise sqlite3.DatabaseError("its filter index disagrees with its field rows")
-        return _digest(_crc_sum(rows), summed, len(fields))
+        crcs = np.zeros(num_positions, dtype=np.uint32)
+        for row in rows:
+            crcs[row[0]] = _row_crc(row)
+        return _digest(_crc_sum(rows), summed, len(fields)), crcs
 
     def verify(self, manifest: Mapping[str, Any], index: Any, verify: bool | str = "auto") -> None:
         """Refuse (naming the file) metadata whose committed rows differ from the manifest's digest;
@@ -426,12 +481,16 @@ class MetadataDB:
                 quick = self.conn.execute("PRAGMA quick_check").fetchall()
             if quick != [("ok",)]:
                 raise sqlite3.DatabaseError("; ".join(str(r[0]) for r in quick[:3]))
-            actual = self.digest(int(manifest["num_passages"]))
+            actual, crcs = self._digest_rows(int(manifest["num_passages"]))
         except sqlite3.Error as exc:
             raise IndexFolderError(f"index {index} is damaged: {self.path.name}: {exc}") from None
+        except IndexError:  # a position outside the committed ones
+            raise IndexFolderError(f"index {index} is damaged: {self.path.name}: a passage row has a position "
+                                   "beyond the committed ones") from None
         if actual != dict(recorded):
             raise IndexFolderError(f"index {index} is damaged: {self.path.name} does not match its digest "
                                    "(a stored id, metadata value or filter row was changed)")
+        self.row_crcs = crcs  # (committed rows never change: every verified open gives the same table)
 
     def data_version(self) -> int:
         """SQLite's ``data_version``: changes when another connection commits to the file (one call, no I/O
@@ -476,8 +535,13 @@ class MetadataDB:
         return out
 
     def metadata(self, pos: int) -> Dict[str, Any]:
-        rows = self._query("SELECT meta FROM passages WHERE pos = ?", (int(pos),))
-        return json.loads(rows[0][0]) if rows and rows[0][0] else {}
+        """The metadata of position ``pos``, its row checked against :attr:`row_crcs` when the file was verified
+        (:class:`RowDamaged` otherwise)."""
+        rows = self._query("SELECT pos, id, meta FROM passages WHERE pos = ?", (int(pos),))
+        crcs = self.row_crcs
+        if crcs is not None and pos < len(crcs) and (not rows or _row_crc(rows[0]) != int(crcs[pos])):
+            raise RowDamaged(f"the row of position {pos} {'is missing' if not rows else 'was changed'}")
+        return json.loads(rows[0][2]) if rows and rows[0][2] else {}
 
     def rows(self, positions: Sequence[int]) -> List[Tuple[int, str, Optional[dict]]]:
         """``(pos, id, metadata)`` of the given positions, in that order."""
@@ -491,6 +555,6 @@ class MetadataDB:
         return [found[p] for p in positions]
 
 
-__all__ = ["DIGEST_FIELD", "FilterError", "MetadataDB", "add_digests", "valid_digest", "MetadataError", "compile_filter", "is_empty",
+__all__ = ["DIGEST_FIELD", "FilterError", "MetadataDB", "RowDamaged", "add_digests", "valid_digest", "MetadataError", "compile_filter", "is_empty",
            "matches", "parse_filter",
            "validate_metadata", "METADATA_FILE"]

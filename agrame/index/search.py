@@ -124,7 +124,10 @@ class Index(BaseIndex):
         position = self.store.position_of([passage_id]).get(passage_id)
         if position is None:
             return None
-        return {**self.store.record(position), "metadata": self.store.metadata(position)}
+        record = self.store.record(position)
+        if record.get("id") != passage_id:  # the record is checked; the id → position lookup must agree with it
+            self.store.damaged_lookup(passage_id)
+        return {**record, "metadata": self.store.metadata(position)}
 
     def sentence_spans(self, passage_id: str) -> List[Tuple[int, int]]:
         """The sentence spans the index holds for a live passage (what its sentence hits and run

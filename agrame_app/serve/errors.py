@@ -33,7 +33,7 @@ def add_error_handlers(app) -> None:
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     from agrame.index import UnknownIdsError
-    from agrame.index.format import IndexDamagedError, NoSpaceError
+    from agrame.index.format import IndexDamagedError, NoSpaceError, ReadOnlyIndexError
     from agrame.index.sharded import ShardUnavailableError
 
     @app.exception_handler(ApiError)
@@ -89,6 +89,12 @@ def add_error_handlers(app) -> None:
         # the server's disk, not the client's request: 507 Insufficient Storage (RFC 4918), nothing committed
         return JSONResponse({"error": f"no space left on the server writing {exc.file} ({exc.reason}); the index "
                                       "holds its last committed generation and nothing of this write"}, status_code=507)
+
+    @app.exception_handler(ReadOnlyIndexError)
+    async def _read_only(_: Request, exc: ReadOnlyIndexError):
+        # the index's state, not the request: it is served but cannot be written where it lies
+        return JSONResponse({"error": "the index is on a read-only file system: it can be searched and served, "
+                                      "not written"}, status_code=409)
 
     @app.exception_handler(IndexDamagedError)
     async def _damaged(_: Request, exc: IndexDamagedError):

@@ -1,0 +1,173 @@
+"""Issue 62 (reliability round four), items 1, 2 and 6: what a reader returns is checked, not what ``stat`` says.
+
+An edit through a shared memory map changes neither mtime nor ctime; a toggling writer races any check made before a
+read. Each test here failed before read verification: the edited value came back as a 200.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+
+import pytest
+
+from agrame.corpus import Passage
+from agrame.index import Index, build_index
+from agrame.index.format import IndexDamagedError, read_manifest, store_root
+
+from reliability.corpus import TEXTS
+
+
+@pytest.fixture
+def built(tmp_path, tiny_encoder):
+    path = tmp_path / "ix"
+    passages = [Passage(f"p{i}", TEXTS[i % len(TEXTS)], metadata={"source": "wiki" if i % 2 else "news", "n": i})
+                for i in range(len(TEXTS))]
+    build_index(tiny_encoder, passages, path, progress=False)
+    return path
+
+
+def _server(built, model_dir):
+    from fastapi.testclient import TestClient
+
+    from agrame_app.serve import create_app
+
+    return TestClient(create_app(built, model=str(model_dir)), raise_server_exceptions=False)
+
+
+def _file(built, name):
+    return store_root(built, read_manifest(built)) / name
+
+
+def _text_byte(built, passage="p2"):
+    """The offset in passages.jsonl of a letter inside passage ``passage``'s text."""
+    data = _file(built, "passages.jsonl").read_bytes()
+    line = data.find(f'"id": "{passage}"'.encode())
+    if line < 0:
+        line = data.find(f'"id":"{passage}"'.encode())
+    at = data.find(b'"text"', line) + 12
+    assert chr(data[at]).isalpha()
+    return at
+
+
+def _mapped_edit(file, at: int) -> None:
+    """Flip one byte's case through a shared writable map (no write(2): the file's stat is left as it was)."""
+    with open(file, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        m[at] ^= 0x20
+        m.flush()
+
+
+def test_a_passage_edited_through_a_shared_map_is_a_503_and_served_again_when_put_back(built, tiny_model_dir):
+    client = _server(built, tiny_model_dir)
+    text = client.get("/passages/p2").json()["text"]
+    file, at = _file(built, "passages.jsonl"), _text_byte(built)
+    with open(file, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        m[at] = m[at]  # the page's first write through the map may touch mtime; later ones do not
+        m.flush()
+        assert client.get("/passages/p2").json()["text"] == text  # (the server has seen that stat)
+        m[at] ^= 0x20
+        for answer in (client.get("/passages/p2"), client.post("/search", json={"query": text[:30], "top_k": 5})):
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["damaged"] == "passages.jsonl" and "checksum" in answer.json()["error"]
+        health = client.get("/health")
+        assert health.status_code == 503 and health.json()["index"]["damaged"] == "passages.jsonl"
+        m[at] ^= 0x20  # put back the same way
+    assert client.get("/health").json()["status"] == "ok"
+    assert client.get("/passages/p2").json()["text"] == text
+
+
+@pytest.mark.parametrize("name", ["codes.bin", "residuals.bin"])
+def test_vectors_edited_through_a_shared_map_do_not_change_a_served_score(built, tiny_model_dir, name):
+    index = Index(built, model=str(tiny_model_dir))
+    query = "coral reefs and their fish"
+    expected = [(h.passage_id, round(h.score, 5)) for h in index.search(query, top_k=8)]
+    file = _file(built, name)
+    with open(file, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        for at in range(0, len(m), 3):  # a third of the file: every passage's vectors change
+            m[at] ^= 0xFF
+        m.flush()
+    assert [(h.passage_id, round(h.score, 5)) for h in index.search(query, top_k=8)] == expected
+    with pytest.raises(Exception, match=name):  # a fresh open sees the edit
+        Index(built, model=str(tiny_model_dir))
+
+
+def test_a_toggling_writer_racing_reads_never_gets_an_edited_text_through(built, tiny_model_dir):
+    index = Index(built, model=str(tiny_model_dir))
+    text = index.get("p2")["text"]
+    file, at = _file(built, "passages.jsonl"), _text_byte(built)
+    original = file.read_bytes()[at:at + 1]
+    flipped = bytes([original[0] ^ 0x20])
+    stop = threading.Event()
+
+    def toggle():
+        fd = os.open(file, os.O_WRONLY)
+        try:
+            while not stop.is_set():
+                os.pwrite(fd, flipped, at)
+                time.sleep(0.0003)
+                os.pwrite(fd, original, at)
+                time.sleep(0.0003)
+        finally:
+            os.pwrite(fd, original, at)
+            os.close(fd)
+
+    writer = threading.Thread(target=toggle)
+    writer.start()
+    good = refused = edited = 0
+    deadline = time.time() + 1.5
+    try:
+        while time.time() < deadline:
+            try:
+                got = index.get("p2")["text"]
+            except IndexDamagedError as exc:
+                assert exc.file == "passages.jsonl"
+                refused += 1
+                continue
+            if got == text:
+                good += 1
+            else:
+                edited += 1
+    finally:
+        stop.set()
+        writer.join()
+    assert edited == 0, f"{edited} edited texts returned ({good} good, {refused} refused)"
+    assert refused > 0 and good > 0, (good, refused)  # the race was run both ways
+    index.check_unchanged()  # put back: served again, no restart
+    assert index.get("p2")["text"] == text
+
+
+def test_edited_metadata_put_back_is_served_again_without_a_restart(built, tiny_model_dir):
+    client = _server(built, tiny_model_dir)
+    assert client.get("/passages/p1").json()["metadata"]["source"] == "wiki"
+    db = _file(built, "meta.sqlite")
+    original = db.read_bytes()
+    at = original.find(b'{"source": "wiki", "n": 1}') + 1  # p1's row
+    assert at > 0
+    edited = bytearray(original)
+    edited[at + 11] ^= 0x20  # "wiki" → "Wiki": same size
+    db.write_bytes(bytes(edited))
+    answer = client.get("/passages/p1")
+    assert answer.status_code == 503 and answer.json()["damaged"] == "meta.sqlite", answer.text
+    db.write_bytes(original)
+    stamp = time.time_ns() + 5_000_000_000
+    os.utime(db, ns=(stamp, stamp))
+    health = client.get("/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok", health.text
+    assert client.get("/passages/p1").json()["metadata"]["source"] == "wiki"
+
+
+def test_a_metadata_row_read_after_an_edit_is_refused_not_returned(built, tiny_model_dir):
+    index = Index(built, model=str(tiny_model_dir))
+    db = _file(built, "meta.sqlite")
+    at = db.read_bytes().find(b'{"source": "wiki", "n": 1}') + 1  # p1's row (SQLite fills a page from its end)
+    assert at > 0
+    _mapped_edit(db, at + 11)
+    index.store.meta.reopen()  # as a connection whose cache was evicted reads the page again
+    with pytest.raises(IndexDamagedError) as caught:
+        index.get("p1")
+    assert caught.value.file == "meta.sqlite" and "digest" in str(caught.value)
+    _mapped_edit(db, at + 11)
+    index.check_unchanged()
+    assert index.get("p1")["metadata"]["source"] == "wiki"
