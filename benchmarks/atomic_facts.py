@@ -141,7 +141,7 @@ def _subencoder_scores(model, data: AtomicData, queries: Sequence[Query]) -> np.
 
 
 def score_subencoder_zeroshot(data: AtomicData, queries: Sequence[Query], baseline: Optional[str]) -> np.ndarray:
-    from training.subencoder import SubEncoder
+    from .subencoder import SubEncoder
 
     return _subencoder_scores(SubEncoder(head=False, model_path=baseline), data, queries)
 
@@ -201,7 +201,7 @@ def training_batches(data: AtomicData, queries: Sequence[Query], pairs_per_batch
 def score_subencoder_cv(data: AtomicData, queries: Sequence[Query], folds: int, epochs: int, seed: int,
                         log, max_train_pairs: Optional[int] = None,
                         baseline: Optional[str] = None) -> tuple[np.ndarray, list]:
-    from training.subencoder import train_subencoder
+    from .subencoder import train_subencoder
 
     clusters = sorted({q.sentence[0] for q in data.queries})
     fold_of = {c: i % folds for i, c in enumerate(clusters)}

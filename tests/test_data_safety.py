@@ -21,7 +21,7 @@ from agrame.index.store import verify_crc
 from agrame.index.writer import build_new_folder
 from agrame_app.cli import main
 
-from benchmarks.safety import TEXTS  # (the probes' corpus: one list for both)
+from reliability.corpus import TEXTS  # (the probes' corpus: one list for both)
 
 
 def _passages(tag: str = "p", n: int = len(TEXTS)):

@@ -1,4 +1,4 @@
-"""Hostile input at a small budget (``python -m benchmarks.hardening`` runs the long versions):
+"""Hostile input at a small budget (``python -m reliability.hardening`` runs the long versions):
 no traceback, no 5xx, the documented error shape, nothing changed by a refused operation."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks import hardening
+from reliability import hardening
 from agrame_app.cli import main, printable
 from agrame.index import Index, IndexFolderError, verify_crc
 

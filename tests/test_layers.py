@@ -69,11 +69,11 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def product_imports() -> dict:
-    """``{module: [(imported module, names imported from it or ())…]}`` for the product, anywhere in
-    its body (absolute names)."""
+def product_imports(packages=PRODUCT) -> dict:
+    """``{module: [(imported module, names imported from it or ())…]}`` for the product (or ``packages``),
+    anywhere in its body (absolute names)."""
     out = {}
-    for package in PRODUCT:
+    for package in packages:
         for path in sorted((REPO / package).rglob("*.py")):
             name = _module_name(path)
             here = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -89,10 +89,10 @@ def product_imports() -> dict:
     return out
 
 
-def import_graph() -> dict:
-    """Edges between the product's own modules: ``from P import m`` of a submodule ``m`` is an edge to
-    ``P.m`` alone (Python runs ``P/__init__`` first, but that is no circle of the code's making)."""
-    imports = product_imports()
+def import_graph(packages=PRODUCT) -> dict:
+    """Edges between the product's own modules (or ``packages``'): ``from P import m`` of a submodule ``m`` is
+    an edge to ``P.m`` alone (Python runs ``P/__init__`` first, but that is no circle of the code's making)."""
+    imports = product_imports(packages)
 
     def own(target: str) -> str:
         while target and target not in imports:
@@ -158,6 +158,26 @@ def cycles(graph: dict) -> list:
 
 def test_no_import_circle_anywhere_in_the_product():
     assert cycles(import_graph()) == []
+
+
+#: Every package of the repository, and which others each may import (issue 62: the safety suite in a package of its
+#: own, ``benchmarks`` importing neither the research scripts nor the suite).
+REPOSITORY = {"agrame": set(), "propcite": {"agrame"}, "agrame_app": {"agrame", "propcite"},
+              "benchmarks": {"agrame", "agrame_app", "propcite"},
+              "training": {"agrame", "agrame_app", "propcite", "benchmarks"},
+              "reliability": {"agrame", "agrame_app", "benchmarks"}}
+
+
+def test_no_import_circle_anywhere_in_the_repository():
+    assert cycles(import_graph(tuple(REPOSITORY))) == []
+
+
+def test_the_repositorys_packages_import_one_way():
+    wrong = sorted(f"{name} imports {target}" for name, found in product_imports(tuple(REPOSITORY)).items()
+                   for target, _ in found
+                   if target.split(".")[0] in REPOSITORY and target.split(".")[0] != name.split(".")[0]
+                   and target.split(".")[0] not in REPOSITORY[name.split(".")[0]])
+    assert wrong == []
 
 
 def test_the_circle_check_finds_a_circle_through_a_function_level_import():

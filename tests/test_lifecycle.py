@@ -299,7 +299,7 @@ def test_two_concurrent_adds_lose_nothing(built, tiny_model_dir, tiny_encoder):
 # -- crash safety --------------------------------------------------------------------------------
 
 def test_kill_9_loop_leaves_before_or_after(tmp_path, tiny_model_dir, monkeypatch):
-    from benchmarks import fault
+    from reliability import fault
 
     monkeypatch.chdir(REPO)
     from agrame.loading import load_encoder

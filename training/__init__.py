@@ -5,5 +5,5 @@
 - ``losses``: the multi-granular KL loss (L_psg + Σ w_i L_s), SupCon for the SubEncoder.
 - ``loop``: deterministic, resumable optimisation with checkpoints and a log file.
 - ``student``: AGRaME's multi-vector student and its ablations; ``export``: a model as a delta over MiniLM.
-- ``subencoder``: the Sub-Sentence Encoder baseline.
+- (the Sub-Sentence Encoder baseline is ``benchmarks.subencoder``: only the atomic-facts benchmark uses it)
 """

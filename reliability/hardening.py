@@ -1,8 +1,8 @@
 """Hostile input against every entry point: no traceback, no 5xx, the documented error shape.
 
-    python -m benchmarks.hardening flips                  # every single-byte flip of a manifest, 8 ways
-    python -m benchmarks.hardening fuzz --examples 2000   # CLI arguments, passage files, HTTP bodies
-    python -m benchmarks.hardening heavy --clients 4      # concurrent maximum-size /rank against a server
+    python -m reliability.hardening flips                  # every single-byte flip of a manifest, 8 ways
+    python -m reliability.hardening fuzz --examples 2000   # CLI arguments, passage files, HTTP bodies
+    python -m reliability.hardening heavy --clients 4      # concurrent maximum-size /rank against a server
 
 ``flips`` and ``fuzz`` run on the tiny test model (a random 2-layer BERT with MiniLM's vocabulary:
 what is fuzzed is the input handling, not the model); ``heavy`` serves the default model. The
@@ -23,7 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from .common import command_line, write_result
+from benchmarks.common import command_line, write_result
 
 DAMAGED = "is damaged"
 
@@ -325,9 +325,9 @@ def cmd_heavy(args) -> None:
     import sys
     import threading
 
-    from .common import peak_rss_mb
-    from .data import load_pool
-    from .serve_load import _free_port, wait_for_server
+    from benchmarks.common import peak_rss_mb
+    from benchmarks.data import load_pool
+    from benchmarks.serve_load import _free_port, wait_for_server
 
     pool = load_pool()
     text = " ".join(pool.texts[:400])[:20_000]
@@ -370,7 +370,7 @@ def cmd_heavy(args) -> None:
               "server_peak_rss_mb": peak, "health_checks": len(health_ms),
               "health_ms_median": round(health_ms[len(health_ms) // 2], 1) if health_ms else None,
               "health_ms_max": round(health_ms[-1], 1) if health_ms else None}
-    out = write_result("hardening-heavy", result, None, command_line("benchmarks.hardening", ["heavy", *args.argv]))
+    out = write_result("hardening-heavy", result, None, command_line("reliability.hardening", ["heavy", *args.argv]))
     print(json.dumps(result, indent=1), "→", out)
 
 
@@ -380,7 +380,7 @@ def cmd_flips(args) -> None:
         result = flip_sweep(index, encoder)
     result = {"benchmark": "hardening", "what": "single-byte manifest flips", "index": "tiny test model, 4 passages",
               "masks": "each byte XOR 1, 2, 4, …, 128", **result}
-    out = write_result("hardening-flips", result, None, command_line("benchmarks.hardening", ["flips", *args.argv]))
+    out = write_result("hardening-flips", result, None, command_line("reliability.hardening", ["flips", *args.argv]))
     print(json.dumps(result, indent=1), "→", out)
 
 
@@ -393,7 +393,7 @@ def cmd_fuzz(args) -> None:
         web = fuzz_http(args.examples, args.seed, index, model)
     result = {"benchmark": "hardening", "what": "fuzz", "seed": args.seed, "examples_each": args.examples,
               "cli": cli, "passage_files": files, "http": web, "seconds": round(time.perf_counter() - started, 1)}
-    out = write_result("hardening-fuzz", result, None, command_line("benchmarks.hardening", ["fuzz", *args.argv]))
+    out = write_result("hardening-fuzz", result, None, command_line("reliability.hardening", ["fuzz", *args.argv]))
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "examples"} if isinstance(v, dict) else v
                       for k, v in result.items()}, indent=1), "→", out)
 

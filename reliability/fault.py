@@ -1,7 +1,7 @@
 """Fault harness: writers killed with SIGKILL at random moments, then the index checked.
 
-    python -m benchmarks.fault --kills 200                      # pooled-corpus sample, default model
-    python -m benchmarks.fault --kills 10 --model DIR --corpus examples/coral.jsonl   # (the tests' size)
+    python -m reliability.fault --kills 200                      # pooled-corpus sample, default model
+    python -m reliability.fault --kills 10 --model DIR --corpus examples/coral.jsonl   # (the tests' size)
 
 Each trial starts a worker process (model loaded, index not yet touched), tells it to run one
 operation — ``build`` (``--overwrite`` of the index with another passage set), ``add``,
@@ -153,7 +153,7 @@ def _op_seconds(proc: subprocess.Popen) -> float:
 
 
 def _start(index: Path, model: Optional[str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "benchmarks.fault", "worker", "--index", str(index)]
+    cmd = [sys.executable, "-m", "reliability.fault", "worker", "--index", str(index)]
     if model:
         cmd += ["--model", model]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -275,7 +275,7 @@ def main(argv=None) -> None:
     from agrame.loading import load_encoder
     from agrame.index import build_index
 
-    from .common import command_line, write_result
+    from benchmarks.common import command_line, write_result
 
     rng = random.Random(args.seed)
     if args.corpus:
@@ -284,7 +284,7 @@ def main(argv=None) -> None:
         texts = [p.text for p in read_passages(args.corpus)]
         data = args.corpus
     else:
-        from .data import load_pool
+        from benchmarks.data import load_pool
 
         pool = load_pool()
         texts = [pool.texts[i] for i in sorted(rng.sample(range(len(pool.texts)), args.passages + 2000))]
@@ -299,7 +299,7 @@ def main(argv=None) -> None:
     result = run(index, args.model, pool_texts, args.kills, args.seed, args.size)
     result.update(benchmark="fault", harness=2, model=encoder.source, data=data, start_passages=len(start),
                   passages_per_change=args.size, seconds=round(time.perf_counter() - started, 1))
-    out = write_result("fault", result, args.out, command_line("benchmarks.fault", sys.argv[1:]))
+    out = write_result("fault", result, args.out, command_line("reliability.fault", sys.argv[1:]))
     print(json.dumps(result["totals"]), "→", out)
     if result["failures"]:
         print("\n".join(result["failures"]), file=sys.stderr)

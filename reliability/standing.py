@@ -1,10 +1,10 @@
 """The standing safety suite (issue 52): every parser fuzzed, writers killed, stores tampered with —
 seeded, time-boxed, on every change (CI runs the small size), reproducible from the printed seed.
 
-    python -m benchmarks.safety suite                      # CI's size: ≥ 2,000 fuzz cases, ≥ 50 kills,
+    python -m reliability.probes suite                      # CI's size: ≥ 2,000 fuzz cases, ≥ 50 kills,
                                                            # ≥ 50 tamper cases, well under 5 minutes
-    python -m benchmarks.safety suite --minutes 30         # the long run (counts in the report)
-    python -m benchmarks.safety suite --seed 1234 --only tamper     # one failure, again
+    python -m reliability.probes suite --minutes 30         # the long run (counts in the report)
+    python -m reliability.probes suite --seed 1234 --only tamper     # one failure, again
 
 Invariants, one per part:
 
@@ -18,6 +18,12 @@ Invariants, one per part:
   and a full disk (``RLIMIT_FSIZE``) at a random size during add/upsert: the index opens, every file
   passes its checksum, and its content (ids, texts, metadata, generation) and exact top-k equal the
   state before or after; the next writer's recovery leaves nothing the manifest does not name.
+- **reads** (issue 62): a random byte of a served index edited through a shared memory map (no stat change), or
+  flipped and restored every ~0.3 ms by a writer racing the reads: every answer is the committed one or a 503
+  naming the file, and once put back the same answers come with 200, no restart; a full disk (``RLIMIT_FSIZE``
+  0 in a forked child) during a fresh open, searches, reads, a server's delete and upsert and their lock takes:
+  reads answer, writes are 507 naming a file, and the next write (no limit) takes the lock and succeeds.
+  Read-only mounts need a mount namespace: ``tests/test_mounts.py`` mounts them (``unshare``).
 - **tamper**: a random byte of a random file of an index (store files, manifest, ``meta.sqlite``,
   a shard's files) changed, on disk and under a running server: refused naming the file, or every
   answer (ids, texts, metadata, top-k) the same as before — never a different answer.
@@ -38,12 +44,12 @@ import traceback
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from .safety import TEXTS
+from .corpus import TEXTS
 
 #: The CI size (the issue's targets); the long run scales the counts to its minutes.
-CI_COUNTS = {"fuzz": 2000, "kill": 100, "tamper": 100}
+CI_COUNTS = {"fuzz": 2000, "kill": 100, "tamper": 100, "reads": 40}
 #: --minutes M asks M times these (measured here: ~33 fuzz cases, ~12 kills, ~4 tamper cases a second).
-LONG_PER_MINUTE = {"fuzz": 1700, "kill": 40, "tamper": 40}
+LONG_PER_MINUTE = {"fuzz": 1700, "kill": 40, "tamper": 40, "reads": 40}
 
 SOURCES = ["wiki", "news", "blog"]
 
@@ -471,7 +477,7 @@ def _write(path: Path, encoder, op: str, arg) -> None:
 
 
 def _leftovers(path: Path) -> List[str]:
-    from benchmarks.fault import leftovers
+    from .fault import leftovers
 
     if (path / "shards.json").is_file():
         return [f"{s}/{x}" for s in json.loads((path / "shards.json").read_text())["shards"]
@@ -698,6 +704,158 @@ def _tampered_server(part, name: str, file: str, client, ids: List[str], truth: 
                 part.fail(kind, f"{file}: a different ranking served")
 
 
+# -- reads (issue 62): what is read is checked, whatever edits the files; no read needs free space ------
+
+def _served_answers(client, ids: List[str]) -> list:
+    """A server's answers to every read the tamper loop compares: ``(status, body)`` each."""
+    answers = [client.get(f"/passages/{pid}") for pid in ids]
+    answers.append(client.post("/search", json={"query": "coral reef", "granularity": "passage", "top_k": 5}))
+    return [(a.status_code, {k: v for k, v in a.json().items() if k != "ms"}) for a in answers]  # (ms: timing)
+
+
+def _edited_answers(got: list, truth: list, file: str) -> List[str]:
+    """What in ``got`` is neither the truth nor a 503 naming ``file``."""
+    wrong = []
+    for (status, body), (_, want) in zip(got, truth):
+        if status == 503 and body.get("damaged", "").endswith(Path(file).name):
+            continue
+        if status != 200 or body != want:
+            wrong.append(f"{status} {json.dumps(body)[:160]}")
+    return wrong
+
+
+def reads_loop(part: Part, rng: random.Random, work: Path, encoder, model: Path, cases: int) -> None:
+    """Edits through a shared map and a toggling writer under a server (never an edited value with a 200; put
+    back, served again without a restart); a full disk (``RLIMIT_FSIZE``) during reads, server writes and
+    lock takes (reads work, writes 507, the lock released: the next write succeeds)."""
+    from fastapi.testclient import TestClient
+
+    from agrame.index import build_index
+    from agrame_app.serve import create_app
+
+    pristine = work / "reads-ix"
+    build_index(encoder, _passages(rng, "r", 12), pristine, progress=False)
+    ids = sorted(state_of(pristine, encoder)["content"])
+    store = [p.name for p in sorted(pristine.rglob("*")) if p.is_file() and p.stat().st_size
+             and p.name in ("passages.jsonl", "codes.bin", "residuals.bin", "meta.sqlite", "sentences.bin")]
+    truth = None
+    for trial in range(cases):
+        kind = rng.choice(["mapped-edit", "mapped-edit", "toggle", "full-disk"])
+        part.case(f"reads:{kind}")
+        folder = work / f"reads-{trial % 2}"
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(pristine, folder)
+        if kind == "full-disk":
+            _full_disk_reads(part, folder, encoder, model, ids)
+            continue
+        client = TestClient(create_app(folder, model=str(model)), raise_server_exceptions=False)
+        if truth is None:
+            truth = _served_answers(client, ids)
+        file = folder / rng.choice(store)
+        at, mask = rng.randrange(file.stat().st_size), 1 << rng.randrange(8)
+        if kind == "mapped-edit":
+            import mmap
+
+            with open(file, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+                m[at] = m[at]  # the page's first write through a map touches mtime (seen here), later ones do not
+                m.flush()
+                _served_answers(client, ids[:1])
+                m[at] ^= mask
+                wrong = _edited_answers(_served_answers(client, ids), truth, file.name)
+                m[at] ^= mask  # put back the same way
+        else:
+            wrong = _toggled(client, file, at, mask, ids, truth)
+        if wrong:
+            part.fail(f"reads:{kind}", f"{file.name}@{at}: {len(wrong)} edited answers, first: {wrong[0]}")
+            continue
+        back = _served_answers(client, ids)
+        if back != truth or client.get("/health").status_code != 200:
+            part.fail(f"reads:{kind}", f"{file.name}@{at}: put back, but not served again: "
+                                       f"{[s for s, _ in back]}")
+
+
+def _toggled(client, file: Path, at: int, mask: int, ids: List[str], truth: list, seconds: float = 0.4) -> List[str]:
+    """Reads while a writer flips the byte at ``at`` and back every ~0.3 ms (``os.pwrite``): the edited answers."""
+    import threading
+
+    original = file.read_bytes()[at:at + 1]
+    flipped = bytes([original[0] ^ mask])
+    stop = threading.Event()
+
+    def toggle():
+        fd = os.open(file, os.O_WRONLY)
+        try:
+            while not stop.is_set():
+                os.pwrite(fd, flipped, at)
+                time.sleep(0.0003)
+                os.pwrite(fd, original, at)
+                time.sleep(0.0003)
+        finally:
+            os.pwrite(fd, original, at)
+            os.close(fd)
+
+    writer = threading.Thread(target=toggle, daemon=True)
+    writer.start()
+    wrong: List[str] = []
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            wrong += _edited_answers(_served_answers(client, ids), truth, file.name)
+    finally:
+        stop.set()
+        writer.join()
+    return wrong
+
+
+def _full_disk_reads(part: Part, folder: Path, encoder, model: Path, ids: List[str]) -> None:
+    """In a forked child whose files may not grow (``RLIMIT_FSIZE`` at 0 bytes, SIGXFSZ ignored): a fresh open,
+    search and read work; a server's delete and upsert are 507 naming a file; afterwards (no limit) the lock is
+    free and a write succeeds."""
+    import resource
+
+    from fastapi.testclient import TestClient
+
+    from agrame.index import Index
+    from agrame_app.serve import create_app
+
+    for name in ("meta.sqlite-shm", "meta.sqlite-wal"):
+        for leftover in folder.rglob(name):
+            leftover.unlink()
+
+    def child() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+        index = Index(folder, model=encoder)
+        if not index.search("coral reef", "passage", top_k=3) or index.get(ids[0]) is None:
+            os._exit(13)
+        client = TestClient(create_app(folder, model=str(model), allow_writes=True, api_key="k"),
+                            raise_server_exceptions=False)
+        head = {"X-API-Key": "k"}
+        if client.post("/search", json={"query": "coral reef"}).status_code != 200:
+            os._exit(14)
+        deleted = client.request("DELETE", "/passages", json={"ids": [ids[0]]}, headers=head)
+        upserted = client.post("/passages", json={"passages": [{"id": "new", "text": "A new reef passage."}]},
+                               headers=head)
+        for answer in (deleted, upserted):
+            if answer.status_code != 507 or "no space left" not in answer.json().get("error", ""):
+                os._exit(15)
+        os._exit(0)
+
+    _, status = os.waitpid(_forked(child), 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        part.fail("reads:full-disk", {3: "an exception", 13: "a read failed", 14: "an HTTP search failed",
+                                      15: "a write was not a 507 naming its file"}.get(code, f"exit {code}"))
+        return
+    try:
+        from agrame.index import IndexWriter
+
+        with IndexWriter(folder, lock_timeout=0) as w:  # the lock was released; the write succeeds
+            w.delete([ids[0]])
+    except Exception as exc:  # noqa: BLE001
+        part.fail("reads:full-disk", f"the next write after the full disk: {type(exc).__name__}: {exc}")
+
+
 # -- the suite -------------------------------------------------------------------------------------
 
 def run_suite(work: Path, seed: int, counts: Dict[str, int], only: Optional[List[str]] = None,
@@ -718,9 +876,9 @@ def run_suite(work: Path, seed: int, counts: Dict[str, int], only: Optional[List
     model = work / "tiny-model"
     if not model.exists():
         encoder.save(model)
-    parts = only or ["fuzz", "kill", "tamper"]
+    parts = only or ["fuzz", "kill", "tamper", "reads"]
     out: Dict[str, dict] = {"seed": seed, "counts_asked": counts}
-    log(f"standing safety suite, seed {seed} (repeat: python -m benchmarks.safety suite --seed {seed})")
+    log(f"standing safety suite, seed {seed} (repeat: python -m reliability.probes suite --seed {seed})")
     if "fuzz" in parts:
         started, part, rng = time.monotonic(), Part("fuzz", seed), random.Random(seed)
         index_path = work / "fuzz-ix"
@@ -754,6 +912,12 @@ def run_suite(work: Path, seed: int, counts: Dict[str, int], only: Optional[List
         tamper_loop(part, rng, work, encoder, model, counts["tamper"])
         out["tamper"] = part.result(time.monotonic() - started)
         log(f"tamper: {part.cases} cases, {len(part.failures)} failures ({out['tamper']['seconds']} s)")
+    if "reads" in parts:
+        started, part, rng = time.monotonic(), Part("reads", seed), random.Random(seed + 3)
+        shutil.rmtree(work / "reads-ix", ignore_errors=True)
+        reads_loop(part, rng, work, encoder, model, counts["reads"])
+        out["reads"] = part.result(time.monotonic() - started)
+        log(f"reads: {part.cases} cases, {len(part.failures)} failures ({out['reads']['seconds']} s)")
     out["failures"] = sum(out[p]["failures"] for p in parts)
     for p in parts:
         for failure in out[p]["first_failures"]:

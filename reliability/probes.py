@@ -1,9 +1,9 @@
 """Issue 40's hostile probes, rerun: nothing lost, nothing touched, nothing silently wrong, no 5xx.
 
-    python -m benchmarks.safety race --trials 20      # concurrent fresh builds of one new path
-    python -m benchmarks.safety layouts               # commands on folders holding a copied manifest.json
-    python -m benchmarks.safety meta-flips --flips 100  # one-bit flips inside meta.sqlite's stored values
-    python -m benchmarks.safety bounds                # wide/deep filters, deep JSON, oversize and heavy HTTP
+    python -m reliability.probes race --trials 20      # concurrent fresh builds of one new path
+    python -m reliability.probes layouts               # commands on folders holding a copied manifest.json
+    python -m reliability.probes meta-flips --flips 100  # one-bit flips inside meta.sqlite's stored values
+    python -m reliability.probes bounds                # wide/deep filters, deep JSON, oversize and heavy HTTP
 
 All on the tiny test model (a random 2-layer BERT with MiniLM's vocabulary: what is probed is the
 storage and input handling, not the model); each writes ``benchmarks/results/safety-<probe>.json``.
@@ -25,15 +25,11 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from .common import command_line, write_result
+from benchmarks.common import command_line, write_result
+
+from .corpus import TEXTS
 from .hardening import tiny_index
 
-TEXTS = ["Coral reefs bleach when the water warms. Algae leave the coral.",
-         "The Great Barrier Reef is the largest reef system. It lies off Australia.",
-         "Ocean acidification weakens coral skeletons. Carbon dioxide dissolves in seawater.",
-         "Fish shelter in reefs. Many species depend on them.",
-         "Sea turtles graze on seagrass. They nest on sandy beaches.",
-         "Mangroves protect coasts from storms. Their roots trap sediment."]
 
 
 def _corpus(folder: Path, tag: str, n: int, metadata: bool = False) -> Path:
@@ -283,7 +279,7 @@ def _rss_mb(pid: int) -> float:
 def run_bounds(folder: Path, model: Path, index: Path) -> dict:
     import http.client
 
-    from .serve_load import _free_port, wait_for_server
+    from benchmarks.serve_load import _free_port, wait_for_server
 
     out: Dict[str, dict] = {"cli": {"cases": 0, "tracebacks": 0, "exit_not_2": 0, "examples": []},
                             "http": {"cases": 0, "5xx": 0, "wrong_shape": 0, "tracebacks_logged": 0, "statuses": {},
@@ -430,11 +426,11 @@ def main(argv=None) -> None:
     flips.add_argument("--flips", type=int, default=100)
     flips.add_argument("--seed", type=int, default=0)
     sub.add_parser("bounds", help="wide/deep filters, deep JSON, oversize bodies, heavy searches")
-    suite = sub.add_parser("suite", help="the standing suite: fuzz, kill, tamper (benchmarks.standing); CI's size "
+    suite = sub.add_parser("suite", help="the standing suite: fuzz, kill, tamper (reliability.standing); CI's size "
                                          "unless --minutes")
     suite.add_argument("--seed", type=int, default=None, help="(default: from the clock; printed first)")
     suite.add_argument("--minutes", type=float, default=None, help="the long run: counts scaled to about this long")
-    suite.add_argument("--only", nargs="+", choices=["fuzz", "kill", "tamper"], default=None)
+    suite.add_argument("--only", nargs="+", choices=["fuzz", "kill", "tamper", "reads"], default=None)
     suite.add_argument("--work", default=None, help="working folder (default: a temporary one)")
     suite.add_argument("--out", default=None, help="result file (default: benchmarks/results/safety-suite.json "
                                                    "for --minutes, none for CI's size)")
@@ -455,7 +451,7 @@ def main(argv=None) -> None:
             result = run_bounds(tmp, model, index)
     result = {"benchmark": "safety", "probe": args.probe, "model": "tiny test model", **result,
               "seconds": round(time.perf_counter() - started, 1)}
-    out = write_result(f"safety-{args.probe}", result, None, command_line("benchmarks.safety", argv))
+    out = write_result(f"safety-{args.probe}", result, None, command_line("reliability.probes", argv))
     print(json.dumps(result, indent=1)[:4000], "→", out)
 
 
@@ -472,7 +468,7 @@ def _suite(args, argv) -> int:
               "seconds": round(time.perf_counter() - started, 1)}
     print(f"suite: {result['failures']} failures in {result['seconds']} s (seed {seed})")
     if args.out or args.minutes is not None:
-        out = write_result("safety-suite", result, args.out, command_line("benchmarks.safety", argv))
+        out = write_result("safety-suite", result, args.out, command_line("reliability.probes", argv))
         print("→", out)
     return 1 if result["failures"] else 0
 
