@@ -33,12 +33,31 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--keep-alive-timeout", type=positive_int, default=Timeouts.keep_alive, metavar="SECONDS",
                    help="an idle connection between requests is closed after this many seconds "
                         f"(default: {Timeouts.keep_alive})")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                   help="what the server logs to stderr: info = a line a request (method, path, status, ms) and "
+                        "start-up; warning = problems only (default: info)")
+    p.add_argument("--log-queries", action="store_true",
+                   help="put request query strings in the access log (left out by default: they may hold a "
+                        "user's search)")
     p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="serve a sharded index through one Ray actor per shard, spread over the cluster "
                         "('auto' or HEAD:6379 from a node of the cluster, or none for Ray on this machine; Ray Client, "
                         "ray://, is not supported); a shard whose actor "
                         "is down answers 503 unless the request sets allow_partial")
     return p
+
+
+def _log_to_stderr(level: str) -> None:
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    for name in ("agrame.access", "agrame.serve"):
+        logger = logging.getLogger(name)
+        logger.setLevel(level.upper())
+        if not logger.handlers:
+            logger.addHandler(handler)
+        logger.propagate = False
 
 
 def run(args) -> int:
@@ -68,10 +87,13 @@ def run(args) -> int:
         if args.index is None or not is_sharded(args.index):
             raise UsageError("--ray serves a sharded index (build one with agrame index --shards S)")
     app = create_app(args.index, model=args.model, allow_writes=args.allow_writes, api_key=api_key,
-                     protect_reads=args.protect_reads, ray_address=args.ray)
+                     protect_reads=args.protect_reads, ray_address=args.ray, log_queries=args.log_queries)
     from agrame_app.serve.http import server_config
 
     timeouts = Timeouts(header=args.header_timeout, body=args.body_timeout, keep_alive=args.keep_alive_timeout)
     print(f"serving on http://{args.host}:{args.port}/", file=sys.stderr)
-    uvicorn.Server(server_config(app, args.host, args.port, timeouts, log_level="warning")).run()
+    _log_to_stderr(args.log_level)
+    # uvicorn's own access log is off: ours (agrame.access) has the status and the milliseconds, and no query text
+    uvicorn.Server(server_config(app, args.host, args.port, timeouts, log_level=args.log_level,
+                                 access_log=False)).run()
     return 0

@@ -25,18 +25,19 @@ __all__ = ["Limits", "create_app"]
 
 def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None, limits: Limits = Limits(), *,
                allow_writes: bool = False, api_key: Optional[str] = None, protect_reads: bool = False,
-               ray_address: Optional[str] = None):
+               ray_address: Optional[str] = None, log_queries: bool = False):
     """The FastAPI application over ``index`` (optional: ``/rank`` and ``/cite`` work without one): a
     folder (single or sharded), or an opened index object; ``ray_address`` serves a sharded folder
     through one Ray actor per shard (:class:`agrame.index.distributed.RayShardedIndex`).
 
-    ``allow_writes`` needs ``api_key``; ``protect_reads`` requires the key on reads too."""
+    ``allow_writes`` needs ``api_key``; ``protect_reads`` requires the key on reads too. Every request is
+    logged on ``agrame.access`` at INFO (method, path, status, ms; the query string only with ``log_queries``)."""
     from fastapi import FastAPI
 
     from agrame import __version__
 
     from .errors import add_error_handlers
-    from .middleware import BodyLimit
+    from .middleware import AccessLog, BodyLimit
     from .routes import health, page, passages, search
     from .service import IndexService
 
@@ -46,6 +47,7 @@ def create_app(index: Union[str, Path, None] = None, model: Optional[str] = None
                   description="Any-granularity ranking: search an index, rank given passages, cite an answer.")
     app.state.service = service
     app.add_middleware(BodyLimit, limits=limits)
+    app.add_middleware(AccessLog, queries=log_queries)  # (added last: outermost, so a refusal is logged too)
     add_error_handlers(app)
     for module in (health, search, passages, page):
         app.include_router(module.router)
