@@ -505,3 +505,22 @@ def test_one_query_for_both_scores_sentences_and_passages_as_two_queries_do(tmp_
             apart = score_corpus(q, q.clone(), corpus, "sentence", chunk_tokens=chunk)
             assert torch.equal(shared.passage, apart.passage) and torch.equal(shared.sentence, apart.sentence)
             assert torch.equal(shared.passage, score_corpus(q, None, corpus, "passage", chunk_tokens=chunk).passage)
+
+
+def test_the_three_line_quick_start_builds_searches_adds_and_deletes(tmp_path, tiny_encoder):
+    # issue 63: an index from a list of texts and dicts, searched, grown and shrunk on the same object
+    from agrame.index import Index
+
+    index = Index.build(["Coral reefs bleach when the water warms. Algae leave the coral.",
+                         {"id": "gbr", "text": "The Great Barrier Reef is large.", "metadata": {"sea": "Coral"}}],
+                        tmp_path / "quick", model=tiny_encoder, progress=False)
+    assert sorted(index.ids()) == ["0", "gbr"] and index.metadata("gbr") == {"sea": "Coral"}
+    hits = index.search("Why do corals bleach?", granularity="sentence", top_k=3)
+    assert hits and {h.passage_id for h in hits} <= {"0", "gbr"}
+    index.add([{"id": "mangroves", "text": "Mangroves protect coasts."}])
+    index.delete(["gbr"])
+    assert sorted(index.ids()) == ["0", "mangroves"]
+    with pytest.raises(ValueError):  # a second build at the same path: not over an index unless asked
+        Index.build(["another"], tmp_path / "quick", model=tiny_encoder, progress=False)
+    rebuilt = Index.build(["another"], tmp_path / "quick", model=tiny_encoder, progress=False, overwrite=True)
+    assert rebuilt.ids() == ["0"]

@@ -45,10 +45,27 @@ class Index(BaseIndex):
     the way to change it (:meth:`add`, :meth:`upsert`, :meth:`delete`, :meth:`compact`: each takes
     the folder's writer lock, commits a generation and reopens).
 
-    >>> index = Index("my-index")
+    >>> index = Index.build(["Coral reefs bleach when the water warms.", {"id": "gbr", "text": "…"}], "my-index")
+    >>> index = Index("my-index")                           # (an index built before: opened)
     >>> index.search("What causes coral bleaching?", granularity="sentence", top_k=5,
     ...              filter={"year": {"$gte": 2020}})
     """
+
+    @classmethod
+    def build(cls, passages, path: Union[str, Path], model: Union[Encoder, str, Path, None] = None, *,
+              overwrite: bool = False, progress: bool = True, **options) -> "Index":
+        """``agrame index`` from Python: encode ``passages`` (texts, ``(id, text)`` pairs, ``{"id", "text",
+        "metadata"}`` dicts or :class:`~agrame.corpus.Passage`; a text without an id gets its position) with
+        ``model`` (the default; a shipped name, a folder or an :class:`Encoder`) into a compressed index folder
+        at ``path`` (a new one; ``overwrite`` replaces an index there as a new generation), and open it.
+        ``options``: :func:`agrame.index.build_index`'s (``nbits``, ``pool_factor``, ``lock_timeout``…)."""
+        from ..corpus import as_passages
+        from ..loading import load_encoder
+        from .writer import build_compressed
+
+        encoder = model if isinstance(model, Encoder) else load_encoder(model)
+        build_compressed(encoder, as_passages(passages), path, overwrite=overwrite, progress=progress, **options)
+        return cls(path, model=encoder)
 
     def __init__(self, path: Union[str, Path], model: Union[Encoder, str, Path, None] = None,
                  verify: Union[bool, str] = "auto"):
