@@ -74,6 +74,8 @@ class EncodedCorpus:
     #: Pooled passages (:mod:`agrame.pooling`): passage index → (original tokens' offsets [n, 2], the
     #: passage-local vector of each original token [n]) — what spans are told by.
     pool_members: Dict[int, Tuple[torch.Tensor, np.ndarray]] = field(default_factory=dict)
+    #: id → the passage's metadata (those that have any), for the hits of an in-memory ranking
+    metadata: Dict[str, Mapping[str, object]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -198,6 +200,7 @@ class EncodedCorpus:
             token_passage=torch.cat(token_passage), token_sentence=torch.cat(token_sentence),
             sentences=torch.cat([p.sentences for p in parts]), sentence_passage=torch.cat(sentence_passage),
             passage_starts=torch.cat(starts), spans=spans, pool_members=members,
+            metadata={k: v for part in parts for k, v in part.metadata.items()},
         )
 
     @classmethod
@@ -233,4 +236,5 @@ class EncodedCorpus:
             sentence_passage=torch.tensor(sentence_passage, dtype=torch.long),
             passage_starts=torch.tensor(starts, dtype=torch.long),
             spans={p.id: tuple(p.spans) for p in passages if p.spans is not None},
+            metadata={p.id: dict(p.metadata) for p in passages if p.metadata},
         )

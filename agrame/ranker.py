@@ -32,6 +32,8 @@ class ScoredSpan(NamedTuple):
     passage_score: float
     text: str
     pieces: Tuple[Tuple[int, int], ...] = ()
+    #: the passage's metadata (``{}`` when it has none): every interface's hits carry it (issue 63)
+    metadata: Optional[Mapping[str, object]] = None
 
 
 class Ranker:
@@ -81,7 +83,8 @@ class Ranker:
         alpha = self.alpha if alpha is None else float(alpha)
         span_table = self._span_table(corpus, spans) if granularity == "span" else None
         q_vecs, s_vecs = self.encode_query(query, granularity)
-        return rank_corpus(q_vecs, s_vecs, corpus, granularity, alpha=alpha, top_k=top_k, span_table=span_table)
+        hits = rank_corpus(q_vecs, s_vecs, corpus, granularity, alpha=alpha, top_k=top_k, span_table=span_table)
+        return [h._replace(metadata=dict(corpus.metadata.get(h.passage_id) or {})) for h in hits]
 
     def explain(self, query: str, passage: Union[PassageLike, EncodedCorpus], *, passage_id: Optional[str] = None,
                 alpha: Optional[float] = None):

@@ -524,3 +524,32 @@ def test_the_three_line_quick_start_builds_searches_adds_and_deletes(tmp_path, t
         Index.build(["another"], tmp_path / "quick", model=tiny_encoder, progress=False)
     rebuilt = Index.build(["another"], tmp_path / "quick", model=tiny_encoder, progress=False, overwrite=True)
     assert rebuilt.ids() == ["0"]
+
+
+def test_every_hit_carries_its_passages_metadata(tmp_path, tiny_encoder, capsys):
+    # issue 63: one shape everywhere — the local and sharded index, the in-memory ranker and the CLI's jsonl
+    import json
+
+    from agrame import Ranker
+    from agrame.index import Index
+    from agrame.index.sharded import build_sharded, open_index
+    from agrame_app.cli import main
+
+    passages = [{"id": "a", "text": "Coral reefs bleach when the water warms.", "metadata": {"sea": "Coral"}},
+                {"id": "b", "text": "Mangroves protect coasts from storms."}]
+    passages += [{"id": f"f{i}", "text": f"Filler passage {i} about fish.", "metadata": {"n": i}} for i in range(8)]
+    want = {"a": {"sea": "Coral"}, "b": {}, **{f"f{i}": {"n": i} for i in range(8)}}
+    index = Index.build(passages, tmp_path / "ix", model=tiny_encoder, progress=False)
+    build_sharded(tiny_encoder, [Passage(p["id"], p["text"], metadata=p.get("metadata")) for p in passages],
+                  tmp_path / "sh", 2, progress=False)
+    for found in (index, open_index(tmp_path / "sh", model=tiny_encoder)):
+        for granularity in ("passage", "sentence"):
+            hits = found.search("reefs", granularity=granularity, top_k=5)
+            assert hits and all(h.metadata == want[h.passage_id] for h in hits)
+        assert all(h.metadata == want[h.passage_id] for h in found.rank_ids("reefs", ["a", "b"]))
+    hits = Ranker(tiny_encoder).rank("reefs", passages, granularity="sentence")
+    assert hits and all(h.metadata == want[h.passage_id] for h in hits)
+    tiny_encoder.save(tmp_path / "model")
+    assert main(["search", "-i", str(tmp_path / "ix"), "-m", str(tmp_path / "model"), "-f", "jsonl", "reefs"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert all(r["metadata"] == want[r["passage_id"]] for line in lines for r in line.get("results", [line]))

@@ -49,6 +49,22 @@ class BaseIndex(ABC):
                filter: Optional[Mapping[str, Any]] = None, **options) -> List:
         """Ranked hits (passages, sentences or spans), best first, restricted by a metadata filter."""
 
+    def with_metadata(self, hits: List) -> List:
+        """``hits`` (in place) each with its passage's metadata (``{}`` when none), one lookup an id — the
+        shape every interface's hits share (issue 63); hits that carry theirs already are left as they are."""
+        found: dict = {}
+        for k, h in enumerate(hits):
+            if getattr(h, "metadata", {}) is None:
+                if h.passage_id not in found:
+                    found[h.passage_id] = dict(self.metadata(h.passage_id) or {})
+                hits[k] = h._replace(metadata=found[h.passage_id])
+        return hits
+
+    def metadata(self, passage_id: str) -> dict:
+        """The metadata of a live passage (``{}`` when it has none)."""
+        record = self.get(passage_id)
+        return {} if record is None else dict(record.get("metadata") or {})
+
     @abstractmethod
     def __len__(self) -> int:
         """Live passages (every shard's: an index with shards down raises rather than undercount)."""

@@ -274,8 +274,9 @@ class Index(BaseIndex):
         q, s = self.encode_query(query, granularity)
         alpha = self.encoder.settings.alpha if alpha is None else float(alpha)
         if self._v1 is not None:
-            return rank_corpus(q, s, self._v1.select(positions.tolist()), granularity, alpha=alpha, top_k=top_k)
-        return self._score(q, s, positions, granularity, top_k, alpha)
+            return self.with_metadata(rank_corpus(q, s, self._v1.select(positions.tolist()), granularity,
+                                                  alpha=alpha, top_k=top_k))
+        return self.with_metadata(self._score(q, s, positions, granularity, top_k, alpha))
 
     def encode_query(self, query: str, granularity: str = "sentence"):
         """``[Q]`` and sub-unit query vectors with the index's model (:meth:`Ranker.encode_query`)."""
@@ -308,10 +309,16 @@ class Index(BaseIndex):
                              "to search at granularity 'span'")
 
     def search_vectors(self, q: torch.Tensor, s: Optional[torch.Tensor], granularity: str = "sentence",
-                       top_k: Optional[int] = 10, *, exact: bool = False, nprobe: Optional[int] = None,
-                       ncandidates: Optional[int] = None, per_hit: Optional[int] = None,
-                       alpha: Optional[float] = None, filter=None,
-                       allowed: Optional[np.ndarray] = _UNSET, share: Optional[float] = None) -> List[ScoredSpan]:
+                       top_k: Optional[int] = 10, **options) -> List[ScoredSpan]:
+        """:meth:`search` with query vectors already encoded (:meth:`_search_vectors`), each hit with its
+        passage's metadata."""
+        return self.with_metadata(self._search_vectors(q, s, granularity, top_k, **options))
+
+    def _search_vectors(self, q: torch.Tensor, s: Optional[torch.Tensor], granularity: str = "sentence",
+                        top_k: Optional[int] = 10, *, exact: bool = False, nprobe: Optional[int] = None,
+                        ncandidates: Optional[int] = None, per_hit: Optional[int] = None,
+                        alpha: Optional[float] = None, filter=None,
+                        allowed: Optional[np.ndarray] = _UNSET, share: Optional[float] = None) -> List[ScoredSpan]:
         """:meth:`search` with query vectors already encoded (``Ranker.encode_query``); ``allowed``
         (a mask from :meth:`allowed`) instead of ``filter`` when it is already computed.
 

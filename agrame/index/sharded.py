@@ -386,8 +386,9 @@ class ShardedIndex(ShardedWrites, BaseIndex):
             total = max(1, sum(lives))
             centroids = self._shared_centroids()
             if centroids is not None:
-                return self._staged_shared(q, s, granularity, top_k, filter, scoring.similarity(q.float(), centroids),
-                                           [live / total for live in lives], **options)
+                return self.with_metadata(self._staged_shared(q, s, granularity, top_k, filter,
+                                                              scoring.similarity(q.float(), centroids),
+                                                              [live / total for live in lives], **options))
             shared = {i: {"share": live / total} for i, live in enumerate(lives)}
 
         def one(i):
@@ -395,7 +396,7 @@ class ShardedIndex(ShardedWrites, BaseIndex):
             if granularity == "span" and not shard.manifest.get("has_spans"):
                 return []
             return shard.search_vectors(q, s, granularity, top_k, filter=filter, **options, **shared.get(i, {}))
-        return SearchResults(merge_hits(self._map(one, range(self.num_shards)), top_k))
+        return self.with_metadata(SearchResults(merge_hits(self._map(one, range(self.num_shards)), top_k)))
 
     def _staged_shared(self, q, s, granularity: str, top_k: Optional[int], filter, cs, shares: List[float], *,
                        nprobe: Optional[int] = None, ncandidates: Optional[int] = None, per_hit: Optional[int] = None,
