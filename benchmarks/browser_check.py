@@ -138,6 +138,34 @@ def check_page(app, query: str, browser: str, screenshot: Optional[Path] = None,
             "searched": 'data-state="searched"' in dom}
 
 
+def check_cite(app, answer: str, passages: list, browser: str, screenshot: Optional[Path] = None) -> dict:
+    """Cite ``answer`` from ``passages`` on the page's Cite tab (``?answer=…&passages=…``); the markers the DOM
+    shows after each sentence beside those the API gives (``markers``, sorted as ``agrame cite`` prints them),
+    and whether each marker sits before the sentence's closing punctuation, as the CLI places it."""
+    import json
+
+    with Server(app) as server, tempfile.TemporaryDirectory() as profile:
+        request = urllib.request.Request(f"{server.url}/cite", method="POST",
+                                         data=json.dumps({"answer": answer, "passages": passages}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        api = json.loads(urllib.request.urlopen(request, timeout=120).read())
+        page = f"{server.url}/?" + urllib.parse.urlencode({"answer": answer, "passages": "\n".join(passages)})
+        common = FLAGS + [f"--user-data-dir={profile}", "--virtual-time-budget=20000", "--window-size=1100,900"]
+        dom = subprocess.run([browser, *common, "--dump-dom", page], capture_output=True, text=True,
+                             timeout=120).stdout
+        if screenshot is not None:
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run([browser, *common, f"--screenshot={screenshot.resolve()}", page], capture_output=True,
+                           timeout=120, check=True)
+    sentences = re.findall(r'<span class="sent" data-sentence="(\d+)">(.*?)</span>(?= |$|<span class="sent")', dom,
+                           re.S)
+    dom_markers = [[int(m) for m in re.findall(r'<a class="marker"[^>]*>\[(\d+)\]</a>', body)] for _, body in sentences]
+    before_stop = all(not re.search(r"</a>\s*\w", body) for _, body in sentences)
+    return {"cited": 'data-state="cited"' in dom, "api_markers": [sorted(s["markers"]) for s in api["sentences"]],
+            "dom_markers": dom_markers, "markers_before_closing_punctuation": before_stop,
+            "duplicated": sum(len(m) - len(set(m)) for m in dom_markers), "favicon": 'rel="icon"' in dom}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--index", default=None, help="index folder (default: one built from examples/coral.jsonl)")

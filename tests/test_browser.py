@@ -39,3 +39,40 @@ def test_page_filter_field_restricts_the_results(tmp_path, tiny_encoder, tiny_mo
                         filter={"keep": True})
     assert result["searched"] and set(result["dom_passages"]) == {p.id for p in passages[::2]}
     assert result["dom_first_passage"] == result["api_top"]["passage_id"]
+
+
+def _answers(passages, n: int = 20, seed: int = 0):
+    """``n`` answers made of the passages' sentences, shuffled and mixed (the page's cite view is what is tried)."""
+    import random
+
+    from agrame.spans import split_sentences
+
+    rng = random.Random(seed)
+    pool = [p.text[a:b] for p in passages for a, b in split_sentences(p.text)]
+    return [" ".join(rng.sample(pool, rng.randint(1, 4))) for _ in range(n)]
+
+
+@pytest.mark.skipif(BROWSER is None, reason="no Chromium installed (apt-get install chromium)")
+def test_the_cite_tab_shows_each_passage_once_where_the_cli_puts_it(tmp_path, tiny_model_dir):
+    # issue 63: the page repeated markers ("[1][1][2][2][2]") and put them after the full stop
+    from pathlib import Path
+
+    from agrame.io import read_passages
+    from agrame_app.serve import create_app
+
+    from benchmarks.browser_check import check_cite
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    passages = read_passages(str(examples / "curie_passages.jsonl"))
+    app = create_app(None, model=str(tiny_model_dir))
+    answers = [(examples / "curie_answer.txt").read_text().strip()] + _answers(passages, 20)
+    duplicated = 0
+    for k, answer in enumerate(answers):
+        result = check_cite(app, answer, [p.text for p in passages], BROWSER,
+                            screenshot=tmp_path / "cite.png" if k == 0 else None)
+        assert result["cited"] and result["favicon"], result
+        assert result["dom_markers"] == result["api_markers"], (answer, result)
+        assert result["markers_before_closing_punctuation"], (answer, result)
+        duplicated += result["duplicated"]
+    assert duplicated == 0
+    assert (tmp_path / "cite.png").stat().st_size > 1000
