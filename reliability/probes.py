@@ -415,6 +415,84 @@ def run_bounds(folder: Path, model: Path, index: Path) -> dict:
     return out
 
 
+def run_toggle(seconds: float, folder: Path, model: Path, mapped: int = 200) -> dict:
+    """Issue 62's race, as it was found: a served index (uvicorn on loopback), one byte of a passage's text
+    flipped and restored every ~0.5 ms (``os.pwrite``) while ``GET /passages/ID`` runs for ``seconds``; then
+    ``mapped`` edits of a random byte of a random store file through a shared memory map, each read back. An
+    *edited* answer is a 200 whose body differs from the committed one: it must never happen."""
+    import http.client
+    import mmap
+
+    from agrame.corpus import Passage
+    from agrame.index import build_index
+    from agrame.index.format import read_manifest, store_root
+    from agrame.loading import load_encoder
+    from agrame_app.serve import create_app
+    from benchmarks.browser_check import Server
+
+    path = folder / "toggle-ix"
+    build_index(load_encoder(str(model)), [Passage(f"t{i}", f"{TEXTS[i % 6]} Item {i}.") for i in range(30)], path,
+                progress=False)
+    root = store_root(path, read_manifest(path))
+    data = (root / "passages.jsonl").read_bytes()
+    at = data.find(b"Item 7.") + 1  # a letter of passage t7's text
+    original, flipped = data[at:at + 1], bytes([data[at] ^ 0x20])
+    counts = {"200": 0, "503": 0, "edited": 0, "other": 0}
+    with Server(create_app(path, model=str(model))) as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+
+        def get(pid: str):
+            conn.request("GET", f"/passages/{pid}")
+            answer = conn.getresponse()
+            return answer.status, json.loads(answer.read())
+
+        truth = get("t7")[1]
+        stop = threading.Event()
+
+        def toggle():
+            fd = os.open(root / "passages.jsonl", os.O_WRONLY)
+            try:
+                while not stop.is_set():
+                    os.pwrite(fd, flipped, at)
+                    time.sleep(0.0005)
+                    os.pwrite(fd, original, at)
+                    time.sleep(0.0005)
+            finally:
+                os.pwrite(fd, original, at)
+                os.close(fd)
+
+        writer = threading.Thread(target=toggle, daemon=True)
+        writer.start()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            status, body = get("t7")
+            key = "edited" if status == 200 and body != truth else str(status) if status in (200, 503) else "other"
+            counts[key] += 1
+        stop.set()
+        writer.join()
+        rng = random.Random(0)
+        files = [f for f in sorted(root.iterdir()) if f.is_file() and f.stat().st_size and f.suffix in (".jsonl", ".bin")]
+        ids = [f"t{i}" for i in range(30)]
+        truths = {pid: get(pid)[1] for pid in ids}
+        edits = {"cases": 0, "503": 0, "200 unchanged": 0, "edited": 0, "served again": 0}
+        for _ in range(mapped):
+            file = rng.choice(files)
+            spot, mask = rng.randrange(file.stat().st_size), 1 << rng.randrange(8)
+            pid = rng.choice(ids)
+            with open(file, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+                m[spot] = m[spot]  # (no msync: the page stays dirty, so the edit below leaves mtime alone)
+                get(pid)
+                m[spot] ^= mask
+                status, body = get(pid)
+                m[spot] ^= mask
+            edits["cases"] += 1
+            edits["503" if status == 503 else "edited" if body != truths[pid] else "200 unchanged"] += 1
+            edits["served again"] += get(pid) == (200, truths[pid])
+    return {"toggle": {"seconds": seconds, "requests": sum(counts.values()), **counts},
+            "mapped_edits": edits, "failures": counts["edited"] + counts["other"] + edits["edited"]
+            + edits["cases"] - edits["served again"]}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="probe", required=True)
@@ -426,6 +504,10 @@ def main(argv=None) -> None:
     flips.add_argument("--flips", type=int, default=100)
     flips.add_argument("--seed", type=int, default=0)
     sub.add_parser("bounds", help="wide/deep filters, deep JSON, oversize bodies, heavy searches")
+    toggle = sub.add_parser("toggle", help="a byte flipped every ~0.5 ms under a served index, and edits through "
+                                           "a shared map: never an edited 200 (issue 62)")
+    toggle.add_argument("--seconds", type=float, default=60.0)
+    toggle.add_argument("--mapped", type=int, default=200)
     suite = sub.add_parser("suite", help="the standing suite: fuzz, kill, tamper (reliability.standing); CI's size "
                                          "unless --minutes")
     suite.add_argument("--seed", type=int, default=None, help="(default: from the clock; printed first)")
@@ -447,6 +529,8 @@ def main(argv=None) -> None:
             result = run_layouts(tmp, model)
         elif args.probe == "meta-flips":
             result = run_meta_flips(args.flips, tmp, model, args.seed)
+        elif args.probe == "toggle":
+            result = run_toggle(args.seconds, tmp, model, args.mapped)
         else:
             result = run_bounds(tmp, model, index)
     result = {"benchmark": "safety", "probe": args.probe, "model": "tiny test model", **result,

@@ -758,7 +758,6 @@ def reads_loop(part: Part, rng: random.Random, work: Path, encoder, model: Path,
 
             with open(file, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
                 m[at] = m[at]  # the page's first write through a map touches mtime (seen here), later ones do not
-                m.flush()
                 _served_answers(client, ids[:1])
                 m[at] ^= mask
                 wrong = _edited_answers(_served_answers(client, ids), truth, file.name)

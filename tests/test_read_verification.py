@@ -64,10 +64,11 @@ def test_a_passage_edited_through_a_shared_map_is_a_503_and_served_again_when_pu
     text = client.get("/passages/p2").json()["text"]
     file, at = _file(built, "passages.jsonl"), _text_byte(built)
     with open(file, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
-        m[at] = m[at]  # the page's first write through the map may touch mtime; later ones do not
-        m.flush()
+        m[at] = m[at]  # the page's first write through the map touches mtime; later ones (page still dirty) do not
         assert client.get("/passages/p2").json()["text"] == text  # (the server has seen that stat)
+        seen = os.stat(file)
         m[at] ^= 0x20
+        assert os.stat(file).st_mtime_ns == seen.st_mtime_ns  # the edit no stat check can see
         for answer in (client.get("/passages/p2"), client.post("/search", json={"query": text[:30], "top_k": 5})):
             assert answer.status_code == 503, answer.text
             assert answer.json()["damaged"] == "passages.jsonl" and "checksum" in answer.json()["error"]
