@@ -105,7 +105,7 @@ def _serve_phases(r: dict, part: dict) -> Iterable[dict]:
 
 
 def _suite_parts(r: dict, part: dict) -> Iterable[dict]:
-    for name in ("fuzz", "kill", "tamper"):
+    for name in ("fuzz", "kill", "tamper", "reads"):
         if name in r:
             row = r[name]
             yield {**row, "key": name, "what": part["describe"][name],
@@ -135,7 +135,21 @@ def _pool_rows(r: dict, part: dict) -> Iterable[dict]:
     return sorted(r["rows"], key=lambda x: (x["nbits"], x["pool_factor"]))
 
 
-ROWS = {"serve_phases": _serve_phases, "suite_parts": _suite_parts, "e5_kinds": _e5_kinds,
+def _read_verification_rows(r: dict, part: dict) -> Iterable[dict]:
+    rows, ratio = r["rows"], r["ratio_verified_over_mapped"]
+
+    def cell(kind: str, digits: int) -> str:
+        a, b = rows["mapped"][kind]["median_ms"], rows["verified"][kind]["median_ms"]
+        mark = "" if ratio[kind] <= 1.10 else " **over 1.10**"
+        return f"{a:.{digits}f} → {b:.{digits}f} ({ratio[kind]:.3f}×){mark}"
+
+    yield {"index": f"{r['passages']:,} of the pool's {r['of_pool']:,} passages, {r['queries']} questions × "
+                    f"{r['rounds']} rounds, {r['threads']} thread(s)",
+           "passage": cell("passage", 1), "sentence": cell("sentence", 1), "get": cell("get", 3),
+           "load": f"{r['load_average_before'][0]}, {r['load_average_after'][0]}"}
+
+
+ROWS = {"serve_phases": _serve_phases, "read_verification_rows": _read_verification_rows, "suite_parts": _suite_parts, "e5_kinds": _e5_kinds,
         "export_formats": _export_formats, "plaid_systems": _plaid_systems, "pool_rows": _pool_rows}
 
 
@@ -329,7 +343,8 @@ RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     kind: {"open_domain": render_open_domain, "citation": render_citation}.get(kind, lambda rs, k=kind: render(k, rs))
     for kind in ("evidence", "open_domain", "cross_domain", "atomic_facts", "marker_choice", "speed", "segmentation",
                  "citation", "citation-latency", "teachers", "serve_load", "lifecycle", "fault", "hardening", "safety",
-                 "safety-suite", "scale_out", "e5", "export_parity", "batch_search", "pool_methods")}
+                 "safety-suite", "read-verification", "scale_out", "e5", "export_parity", "batch_search",
+                 "pool_methods")}
 
 
 def build(results_dir: Path = RESULTS, chart: Path | None = None) -> str:

@@ -1,0 +1,99 @@
+"""What read verification costs (issue 62): search and passage reads on the pooled corpus's index, both ways.
+
+    python -m benchmarks.read_verification --queries 300 --rounds 5
+
+The index holds the pooled corpus (``--passages N``: its first N), the default model, 2 bits, built once under
+``cache/``. It is opened
+twice in one process: *verified* (today's open: the search arrays read into memory and checked against the
+manifest's CRC-32, each passage record and metadata row checked as it is read) and *mapped* (``verify=False``:
+memory maps, nothing checked — how every read went before issue 62). The two are timed in alternating rounds on
+the same queries (passage and sentence searches, top 10, encoded once beforehand; ``Index.get`` of the hits' ids),
+so load on the machine falls on both alike; the ratio verified / mapped of the median latency is the cost. The
+machine's load average before and after is recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+from .common import command_line, peak_rss_mb, sample, write_result
+from .data import load_questions
+
+
+def _timed(fn, items) -> list:
+    out = []
+    for item in items:
+        t = time.perf_counter()
+        fn(item)
+        out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--passages", type=int, default=0, help="the pool's first N passages (default: all 33,591)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from agrame.corpus import Passage
+    from agrame.index import Index, build_index
+    from agrame.loading import load_encoder
+
+    from .data import load_pool
+    from .encodings import cache_root
+
+    load_before = os.getloadavg()
+    encoder = load_encoder(args.model)
+    pool = load_pool()
+    count = args.passages or len(pool.texts)
+    path = cache_root() / f"verify-pool-{encoder.fingerprint()[:12]}-{count}"
+    if not (path / "manifest.json").exists():  # built once (2 bits, the model's defaults), then reused
+        build_index(encoder, [Passage(str(i), t) for i, t in enumerate(pool.texts[:count])], path, overwrite=True)
+    opened = {}
+    for way, verify in (("mapped", False), ("verified", "auto")):
+        t = time.perf_counter()
+        opened[way] = Index(path, model=encoder, verify=verify)
+        opened[way].search("warm up", top_k=1)
+        opened[way] = (opened[way], round(time.perf_counter() - t, 3))
+    texts = [q.text for q in sample(load_questions("squad-dev", pool), args.queries, args.seed)]
+    index = opened["verified"][0]
+    encoded = [index.encode_query(t) for t in texts]  # once: the query encoder is not what is measured
+    ids = list(dict.fromkeys(h.passage_id for t in texts[:50] for h in index.search(t, "passage", top_k=4)))
+    times = {way: {"passage": [], "sentence": [], "get": []} for way in opened}
+    for r in range(args.rounds):
+        for way in (("mapped", "verified") if r % 2 == 0 else ("verified", "mapped")):
+            idx = opened[way][0]
+            times[way]["passage"] += _timed(lambda q: idx.search_vectors(*q, "passage", top_k=10), encoded)
+            times[way]["sentence"] += _timed(lambda q: idx.search_vectors(*q, "sentence", top_k=10), encoded)
+            times[way]["get"] += _timed(idx.get, ids)
+    rows = {way: {kind: {"median_ms": round(statistics.median(v), 3),
+                         "p95_ms": round(sorted(v)[int(0.95 * (len(v) - 1))], 3), "n": len(v)}
+                  for kind, v in kinds.items()} | {"open_s": opened[way][1]}
+            for way, kinds in times.items()}
+    ratios = {kind: round(rows["verified"][kind]["median_ms"] / rows["mapped"][kind]["median_ms"], 3)
+              for kind in ("passage", "sentence", "get")}
+    result = {"benchmark": "read-verification", "index": str(path.name), "passages": len(index), "of_pool": len(pool.texts), "queries": len(texts), "rounds": args.rounds,
+              "threads": args.threads, "rows": rows, "ratio_verified_over_mapped": ratios,
+              "target": "each ratio ≤ 1.10", "met": all(v <= 1.10 for v in ratios.values()),
+              "load_average_before": [round(x, 2) for x in load_before],
+              "load_average_after": [round(x, 2) for x in os.getloadavg()], "peak_rss_mb": peak_rss_mb(),
+              "data": "squad-dev questions over the pooled benchmark corpus (benchmarks.data.load_pool)"}
+    name = "read_verification" + ("" if count == len(pool.texts) else f"-{count}")
+    path_out = write_result(name, result, args.out, command_line("benchmarks.read_verification", argv))
+    print(path_out)
+    print(ratios, {w: rows[w]["open_s"] for w in rows})
+
+
+if __name__ == "__main__":
+    main()
