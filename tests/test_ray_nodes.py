@@ -139,7 +139,8 @@ import json, os, signal, sys, time
 from fastapi.testclient import TestClient
 from agrame.index.distributed import RayShardedIndex
 from agrame_app.serve import create_app
-index = RayShardedIndex(sys.argv[2], model=sys.argv[3], address=sys.argv[1], timeout=10, probe_timeout=2)
+index = RayShardedIndex(sys.argv[2], model=sys.argv[3], address=sys.argv[1], timeout=10, probe_timeout=2,
+                        start_timeout=300)  # (issue 62: a busy machine's actor start is no lost node)
 client = TestClient(create_app(index), raise_server_exceptions=False)
 before = client.get("/health").json()
 assert before["status"] == "ok", before

@@ -296,7 +296,7 @@ def test_the_scifact_measure_runs_both_losses_then_reports(tmp_path):
                          env={**__import__("os").environ, "RUN": "echo", "AGRAME_RUNS": str(tmp_path)}, check=True).stdout
     trains = [line for line in out.splitlines() if line.startswith("agrame train")]
     assert len(trains) == 2 and "--sentence-loss off" in trains[1] and "--sentence-loss" not in trains[0]
-    assert all(f"--pairs {tmp_path}/train-scifact/pairs.jsonl --corpus {tmp_path}/train-scifact/corpus.jsonl" in t
+    assert all(f"--pairs {tmp_path}/train-scifact-r2/pairs.jsonl --corpus {tmp_path}/train-scifact-r2/corpus.jsonl" in t
                for t in trains)
     assert out.splitlines()[-1].startswith("python -m benchmarks.train_scifact report")
 

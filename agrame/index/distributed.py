@@ -451,15 +451,16 @@ class RayShardedIndex(ShardedWrites, BaseIndex):
     missing, since when and why (``/health``). Writes go through :class:`ShardedWriter` on this
     process (the folder must be writable here) and each actor opens the new generation on its next call.
 
-    ``timeout``: seconds a search waits for its shards; ``probe_timeout``: for counts and health
-    probes, which must answer quickly while a shard restarts. ``restart_hold``: a fault drill's file
-    (:class:`ShardActor`).
+    ``timeout``: seconds a search waits for its shards; ``start_timeout``: for the actors to start (each
+    imports torch and loads the model: on a busy machine far longer than a search may wait; default
+    ``timeout``); ``probe_timeout``: for counts and health probes, which must answer quickly while a shard
+    restarts. ``restart_hold``: a fault drill's file (:class:`ShardActor`).
     """
 
     def __init__(self, path: Union[str, Path], model=None, *, address: Optional[str] = None,
                  timeout: float = 60.0, threads_per_shard: int = 1,
                  placement: Optional[Sequence[Mapping[str, float]]] = None, probe_timeout: float = 2.0,
-                 restart_hold: Optional[str] = None):
+                 restart_hold: Optional[str] = None, start_timeout: Optional[float] = None):
         from .format import load_index_model, read_manifest
         from .sharded import read_shards
 
@@ -495,6 +496,7 @@ class RayShardedIndex(ShardedWrites, BaseIndex):
                                                         {"scheduling_strategy": "SPREAD"}))
                        .remote(str(self.path / name), actor_model, threads_per_shard, restart_hold)
                        for i, name in enumerate(self.shards_manifest["shards"])]
+        timeout = timeout if start_timeout is None else start_timeout
         try:
             ray.get([a.ready.remote() for a in self.actors], timeout=timeout)
         except ray.exceptions.GetTimeoutError:
