@@ -108,6 +108,17 @@ def _outlined(fragment: str) -> Optional[str]:
     return parser.text
 
 
+def _load(browser: str, page: str, profile: str, screenshot: Optional[Path] = None) -> str:
+    """The DOM of ``page`` once its scripts have run (and a screenshot of it, when asked)."""
+    common = FLAGS + [f"--user-data-dir={profile}", "--virtual-time-budget=20000", "--window-size=1100,900"]
+    dom = subprocess.run([browser, *common, "--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
+    if screenshot is not None:
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([browser, *common, f"--screenshot={screenshot.resolve()}", page], capture_output=True,
+                       timeout=120, check=True)
+    return dom
+
+
 def check_page(app, query: str, browser: str, screenshot: Optional[Path] = None,
                filter: Optional[dict] = None) -> dict:
     """Load the page with ``query`` (and a metadata ``filter`` typed into its filter field) in the
@@ -122,14 +133,7 @@ def check_page(app, query: str, browser: str, screenshot: Optional[Path] = None,
         request = urllib.request.Request(f"{server.url}/search", method="POST", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         api = json.loads(urllib.request.urlopen(request, timeout=60).read())
-        page = f"{server.url}/?" + urllib.parse.urlencode(params)
-        common = FLAGS + [f"--user-data-dir={profile}", "--virtual-time-budget=20000", "--window-size=1100,900"]
-        dom = subprocess.run([browser, *common, "--dump-dom", page], capture_output=True, text=True,
-                             timeout=120).stdout
-        if screenshot is not None:
-            screenshot.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run([browser, *common, f"--screenshot={screenshot.resolve()}", page], capture_output=True,
-                           timeout=120, check=True)
+        dom = _load(browser, f"{server.url}/?" + urllib.parse.urlencode(params), profile, screenshot)
     hits = re.findall(r'<div class="hit" data-rank="(\d+)" data-passage="([^"]*)">(.*?)</details>', dom, re.S)
     first_best = _outlined(hits[0][2]) if hits else None
     return {"api_top": api["results"][0] if api["results"] else None, "dom_hits": len(hits),
@@ -150,13 +154,7 @@ def check_cite(app, answer: str, passages: list, browser: str, screenshot: Optio
                                          headers={"Content-Type": "application/json"})
         api = json.loads(urllib.request.urlopen(request, timeout=120).read())
         page = f"{server.url}/?" + urllib.parse.urlencode({"answer": answer, "passages": "\n".join(passages)})
-        common = FLAGS + [f"--user-data-dir={profile}", "--virtual-time-budget=20000", "--window-size=1100,900"]
-        dom = subprocess.run([browser, *common, "--dump-dom", page], capture_output=True, text=True,
-                             timeout=120).stdout
-        if screenshot is not None:
-            screenshot.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run([browser, *common, f"--screenshot={screenshot.resolve()}", page], capture_output=True,
-                           timeout=120, check=True)
+        dom = _load(browser, page, profile, screenshot)
     sentences = re.findall(r'<span class="sent" data-sentence="(\d+)">(.*?)</span>(?= |$|<span class="sent")', dom,
                            re.S)
     dom_markers = [[int(m) for m in re.findall(r'<a class="marker"[^>]*>\[(\d+)\]</a>', body)] for _, body in sentences]

@@ -430,13 +430,14 @@ def run_toggle(seconds: float, folder: Path, model: Path, mapped: int = 200) -> 
     from agrame_app.serve import create_app
     from benchmarks.browser_check import Server
 
+    from .edits import toggling
+
     path = folder / "toggle-ix"
     build_index(load_encoder(str(model)), [Passage(f"t{i}", f"{TEXTS[i % 6]} Item {i}.") for i in range(30)], path,
                 progress=False)
     root = store_root(path, read_manifest(path))
     data = (root / "passages.jsonl").read_bytes()
     at = data.find(b"Item 7.") + 1  # a letter of passage t7's text
-    original, flipped = data[at:at + 1], bytes([data[at] ^ 0x20])
     counts = {"200": 0, "503": 0, "edited": 0, "other": 0}
     with Server(create_app(path, model=str(model))) as server:
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
@@ -447,29 +448,12 @@ def run_toggle(seconds: float, folder: Path, model: Path, mapped: int = 200) -> 
             return answer.status, json.loads(answer.read())
 
         truth = get("t7")[1]
-        stop = threading.Event()
-
-        def toggle():
-            fd = os.open(root / "passages.jsonl", os.O_WRONLY)
-            try:
-                while not stop.is_set():
-                    os.pwrite(fd, flipped, at)
-                    time.sleep(0.0005)
-                    os.pwrite(fd, original, at)
-                    time.sleep(0.0005)
-            finally:
-                os.pwrite(fd, original, at)
-                os.close(fd)
-
-        writer = threading.Thread(target=toggle, daemon=True)
-        writer.start()
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            status, body = get("t7")
-            key = "edited" if status == 200 and body != truth else str(status) if status in (200, 503) else "other"
-            counts[key] += 1
-        stop.set()
-        writer.join()
+        with toggling(root / "passages.jsonl", at, 0x20, period=0.0005):
+            while time.monotonic() < deadline:
+                status, body = get("t7")
+                key = "edited" if status == 200 and body != truth else str(status) if status in (200, 503) else "other"
+                counts[key] += 1
         rng = random.Random(0)
         files = [f for f in sorted(root.iterdir()) if f.is_file() and f.stat().st_size and f.suffix in (".jsonl", ".bin")]
         ids = [f"t{i}" for i in range(30)]

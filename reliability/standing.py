@@ -775,34 +775,13 @@ def reads_loop(part: Part, rng: random.Random, work: Path, encoder, model: Path,
 
 def _toggled(client, file: Path, at: int, mask: int, ids: List[str], truth: list, seconds: float = 0.4) -> List[str]:
     """Reads while a writer flips the byte at ``at`` and back every ~0.3 ms (``os.pwrite``): the edited answers."""
-    import threading
+    from .edits import toggling
 
-    original = file.read_bytes()[at:at + 1]
-    flipped = bytes([original[0] ^ mask])
-    stop = threading.Event()
-
-    def toggle():
-        fd = os.open(file, os.O_WRONLY)
-        try:
-            while not stop.is_set():
-                os.pwrite(fd, flipped, at)
-                time.sleep(0.0003)
-                os.pwrite(fd, original, at)
-                time.sleep(0.0003)
-        finally:
-            os.pwrite(fd, original, at)
-            os.close(fd)
-
-    writer = threading.Thread(target=toggle, daemon=True)
-    writer.start()
     wrong: List[str] = []
     deadline = time.monotonic() + seconds
-    try:
+    with toggling(file, at, mask):
         while time.monotonic() < deadline:
             wrong += _edited_answers(_served_answers(client, ids), truth, file.name)
-    finally:
-        stop.set()
-        writer.join()
     return wrong
 
 

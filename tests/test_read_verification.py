@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import threading
 import time
 
 import pytest
@@ -18,6 +17,7 @@ from agrame.index import Index, build_index
 from agrame.index.format import IndexDamagedError, read_manifest, store_root
 
 from reliability.corpus import TEXTS
+from reliability.edits import toggling
 
 
 @pytest.fixture
@@ -98,27 +98,9 @@ def test_a_toggling_writer_racing_reads_never_gets_an_edited_text_through(built,
     index = Index(built, model=str(tiny_model_dir))
     text = index.get("p2")["text"]
     file, at = _file(built, "passages.jsonl"), _text_byte(built)
-    original = file.read_bytes()[at:at + 1]
-    flipped = bytes([original[0] ^ 0x20])
-    stop = threading.Event()
-
-    def toggle():
-        fd = os.open(file, os.O_WRONLY)
-        try:
-            while not stop.is_set():
-                os.pwrite(fd, flipped, at)
-                time.sleep(0.0003)
-                os.pwrite(fd, original, at)
-                time.sleep(0.0003)
-        finally:
-            os.pwrite(fd, original, at)
-            os.close(fd)
-
-    writer = threading.Thread(target=toggle)
-    writer.start()
     good = refused = edited = 0
     deadline = time.time() + 1.5
-    try:
+    with toggling(file, at, 0x20):
         while time.time() < deadline:
             try:
                 got = index.get("p2")["text"]
@@ -130,9 +112,6 @@ def test_a_toggling_writer_racing_reads_never_gets_an_edited_text_through(built,
                 good += 1
             else:
                 edited += 1
-    finally:
-        stop.set()
-        writer.join()
     assert edited == 0, f"{edited} edited texts returned ({good} good, {refused} refused)"
     assert refused > 0 and good > 0, (good, refused)  # the race was run both ways
     index.check_unchanged()  # put back: served again, no restart
