@@ -644,16 +644,21 @@ class Store:
         self._texts = self._map("passages.jsonl", np.uint8, (self._text_size,), copy=False)
         self.meta: Optional[MetadataDB] = None
         if m.get("metadata"):
-            try:
-                self.meta = MetadataDB(self.root / m["metadata"])
-            except (OSError, sqlite3.Error) as exc:
-                raise IndexFolderError(f"index {self.path} is damaged: {m['metadata']}: {exc}") from None
-            try:
-                self._meta_version = self.meta.data_version()
-                self.meta.verify(m, self.path, verify if verify_meta is None else verify_meta)
-            except BaseException:
-                self.close()
-                raise
+            self._open_metadata(verify if verify_meta is None else verify_meta)
+
+    def _open_metadata(self, verify: bool | str) -> None:
+        """The metadata file, checked against the manifest's digest (its rows' checksums kept for the reads)."""
+        name = self.manifest["metadata"]
+        try:
+            self.meta = MetadataDB(self.root / name)
+        except (OSError, sqlite3.Error) as exc:
+            raise IndexFolderError(f"index {self.path} is damaged: {name}: {exc}") from None
+        try:
+            self._meta_version = self.meta.data_version()
+            self.meta.verify(self.manifest, self.path, verify)
+        except BaseException:
+            self.close()
+            raise
 
     # -- a running reader's check that what it serves is still what was committed ----------------
 
