@@ -7,9 +7,11 @@ The index holds the pooled corpus (``--passages N``: its first N), the default m
 twice in one process: *verified* (today's open: the search arrays read into memory and checked against the
 manifest's CRC-32, each passage record and metadata row checked as it is read) and *mapped* (``verify=False``:
 memory maps, nothing checked — how every read went before issue 62). The two are timed in alternating rounds on
-the same queries (passage and sentence searches, top 10, encoded once beforehand; ``Index.get`` of the hits' ids),
-so load on the machine falls on both alike; the ratio verified / mapped of the median latency is the cost. The
-machine's load average before and after is recorded.
+the same queries (passage and sentence searches, top 10, encoded once beforehand; ``Index.get`` of the hits' ids;
+a filtered passage search, its mask cached as a service's is; and a filter's mask computed afresh, which the
+verified open checks against every passage row), so load on the machine falls on both alike; the ratio
+verified / mapped of the median latency is the cost. Each passage carries metadata (``source``: one of three,
+``n``: its number) so that filters have rows to read. The machine's load average before and after is recorded.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ import torch
 
 from .common import command_line, peak_rss_mb, sample, write_result
 from .data import load_questions
+
+
+SOURCES = ("wiki", "news", "blog")
+#: filters whose masks are computed afresh each time (a new filter for the store's cache)
+FRESH_FILTERS = ({"source": "news"}, {"n": {"$lt": 10_000}}, {"$or": [{"source": "blog"}, {"n": {"$gte": 20_000}}]})
 
 
 def _timed(fn, items) -> list:
@@ -57,9 +64,10 @@ def main(argv=None) -> None:
     encoder = load_encoder(args.model)
     pool = load_pool()
     count = args.passages or len(pool.texts)
-    path = cache_root() / f"verify-pool-{encoder.fingerprint()[:12]}-{count}"
+    path = cache_root() / f"verify-pool-{encoder.fingerprint()[:12]}-{count}-meta"
     if not (path / "manifest.json").exists():  # built once (2 bits, the model's defaults), then reused
-        build_index(encoder, [Passage(str(i), t) for i, t in enumerate(pool.texts[:count])], path, overwrite=True)
+        build_index(encoder, [Passage(str(i), t, metadata={"source": SOURCES[i % len(SOURCES)], "n": i})
+                              for i, t in enumerate(pool.texts[:count])], path, overwrite=True)
     opened = {}
     for way, verify in (("mapped", False), ("verified", "auto")):
         t = time.perf_counter()
@@ -70,22 +78,29 @@ def main(argv=None) -> None:
     index = opened["verified"][0]
     encoded = [index.encode_query(t) for t in texts]  # once: the query encoder is not what is measured
     ids = list(dict.fromkeys(h.passage_id for t in texts[:50] for h in index.search(t, "passage", top_k=4)))
-    times = {way: {"passage": [], "sentence": [], "get": []} for way in opened}
+    times = {way: {"passage": [], "sentence": [], "get": [], "filtered passage": [], "fresh filter mask": []}
+             for way in opened}
+    filtered = {"source": "wiki"}
     for r in range(args.rounds):
         for way in (("mapped", "verified") if r % 2 == 0 else ("verified", "mapped")):
             idx = opened[way][0]
             times[way]["passage"] += _timed(lambda q: idx.search_vectors(*q, "passage", top_k=10), encoded)
             times[way]["sentence"] += _timed(lambda q: idx.search_vectors(*q, "sentence", top_k=10), encoded)
             times[way]["get"] += _timed(idx.get, ids)
+            times[way]["filtered passage"] += _timed(
+                lambda q: idx.search_vectors(*q, "passage", top_k=10, filter=filtered), encoded)
+            times[way]["fresh filter mask"] += _timed(idx.store.filter_mask, FRESH_FILTERS)
     rows = {way: {kind: {"median_ms": round(statistics.median(v), 3),
                          "p95_ms": round(sorted(v)[int(0.95 * (len(v) - 1))], 3), "n": len(v)}
                   for kind, v in kinds.items()} | {"open_s": opened[way][1]}
             for way, kinds in times.items()}
     ratios = {kind: round(rows["verified"][kind]["median_ms"] / rows["mapped"][kind]["median_ms"], 3)
-              for kind in ("passage", "sentence", "get")}
+              for kind in times["mapped"]}
     result = {"benchmark": "read-verification", "index": str(path.name), "passages": len(index), "of_pool": len(pool.texts), "queries": len(texts), "rounds": args.rounds,
               "threads": args.threads, "rows": rows, "ratio_verified_over_mapped": ratios,
-              "target": "each ratio ≤ 1.10", "met": all(v <= 1.10 for v in ratios.values()),
+              "target": "search and get ratios ≤ 1.10 (a fresh filter's mask is computed once per filter and "
+                        "generation: reported, not a target)",
+              "met": all(v <= 1.10 for k, v in ratios.items() if k != "fresh filter mask"),
               "load_average_before": [round(x, 2) for x in load_before],
               "load_average_after": [round(x, 2) for x in os.getloadavg()], "peak_rss_mb": peak_rss_mb(),
               "data": "squad-dev questions over the pooled benchmark corpus (benchmarks.data.load_pool)"}

@@ -151,3 +151,28 @@ def test_a_metadata_row_read_after_an_edit_is_refused_not_returned(built, tiny_m
     _mapped_edit(db, at + 11)
     index.check_unchanged()
     assert index.get("p1")["metadata"]["source"] == "wiki"
+
+
+def test_a_filter_answered_from_an_edited_field_row_is_refused_not_served(built, tiny_model_dir):
+    """The filter's positions come from the ``fields`` rows, which no read returns (so no row check saw them):
+    an edit there let a passage through a filter it fails, or kept one out."""
+    index = Index(built, model=str(tiny_model_dir))
+    wiki = {"source": "wiki"}
+    before = [(h.passage_id, h.score) for h in index.search("the", "passage", top_k=10, filter=wiki)]
+    assert before and all(int(pid[1:]) % 2 for pid, _ in before)
+    db = _file(built, "meta.sqlite")
+    data = db.read_bytes()
+    ats = [i for i in range(len(data)) if data.startswith(b"sourceswiki", i)]  # the field rows and their index
+    assert ats
+    for at in ats:
+        _mapped_edit(db, at + 7)  # "wiki" → "Wiki" (the passage rows' JSON, "source": "wiki", is left alone)
+    index.store.meta.reopen()
+    same = {"source": {"$in": ["wiki"]}}  # (the first filter's mask is cached, from before the edit: still right)
+    assert [(h.passage_id, h.score) for h in index.search("the", "passage", top_k=10, filter=wiki)] == before
+    with pytest.raises(IndexDamagedError) as caught:
+        index.search("the", "passage", top_k=10, filter=same)
+    assert caught.value.file == "meta.sqlite" and "field row" in str(caught.value)
+    for at in ats:
+        _mapped_edit(db, at + 7)
+    index.check_unchanged()
+    assert [(h.passage_id, h.score) for h in index.search("the", "passage", top_k=10, filter=same)] == before

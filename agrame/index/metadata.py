@@ -523,6 +523,33 @@ class MetadataDB:
                            [num_positions, *params])
         return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
 
+    def checked_positions(self, spec: Any, num_positions: int) -> np.ndarray:
+        """:meth:`positions`, checked when the file was verified (:attr:`row_crcs`): SQLite answers from the
+        ``fields`` rows, which no read returns and so no row check sees; an edit there would let a passage
+        through a filter it fails, or keep one out (issue 62). Each passage row is checked against its
+        checksum and the filter evaluated on it in Python (:func:`matches`, the SQL's reference); a
+        different answer is :class:`RowDamaged`. Cost: one pass over the rows, once per filter and
+        generation (the store caches masks) — measured in ``benchmarks.read_verification``."""
+        positions = self.positions(spec, num_positions)
+        crcs = self.row_crcs
+        if crcs is None:
+            return positions
+        tree = parse_filter(spec) if not isinstance(spec, tuple) else spec
+        rows = self._query("SELECT pos, id, meta FROM passages WHERE pos < ? ORDER BY pos", (num_positions,))
+        if len(crcs) >= num_positions and len(rows) != num_positions:
+            raise RowDamaged(f"{len(rows)} passage rows for {num_positions} passages")
+        expected = []
+        for row in rows:
+            pos = row[0]
+            if pos < len(crcs) and _row_crc(row) != int(crcs[pos]):
+                raise RowDamaged(f"the row of position {pos} was changed")
+            if _eval(tree, json.loads(row[2]) if row[2] else {}):
+                expected.append(pos)
+        if len(expected) != len(positions) or any(a != b for a, b in zip(expected, positions.tolist())):
+            raise RowDamaged("its filter rows (table fields) disagree with the checked passage rows: a field "
+                             "row was changed")
+        return positions
+
     def positions_of(self, ids: Sequence[str], num_positions: int) -> Dict[str, List[int]]:
         """Every stored position (below ``num_positions``) of each id, ascending."""
         out: Dict[str, List[int]] = {}

@@ -863,14 +863,17 @@ class Store:
 
     def filter_mask(self, spec) -> np.ndarray:
         """:meth:`allowed`, computed (no cache); ``spec``: a filter or its parsed tree."""
-        from .metadata import matches, parse_filter
+        from .metadata import RowDamaged, matches, parse_filter
 
         tree = spec if isinstance(spec, tuple) else parse_filter(spec)
         if self.meta is None:  # an index written before metadata: every passage has none
             mask = np.full(len(self), matches({}, tree), dtype=bool)
         else:
             mask = np.zeros(len(self), dtype=bool)
-            mask[self.meta.positions(tree, len(self))] = True
+            try:
+                mask[self.meta.checked_positions(tree, len(self))] = True
+            except RowDamaged as exc:
+                self._damage(self.manifest["metadata"], f"does not match its digest ({exc})")
         if self.alive is not None:
             mask &= self.alive
         mask.flags.writeable = False
