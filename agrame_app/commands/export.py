@@ -12,7 +12,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = command_parser(sub, "export")
     p.add_argument("out", metavar="OUT", help="folder to write (must not exist, or be empty)")
     p.add_argument("--model", "-m", metavar="PATH", default=None,
-                   help="model folder or shipped name (default: the package default)")
+                   help="model folder, shipped name or Hugging Face name org/name[@revision] (default: the package default)")
     p.add_argument("--format", choices=("stanford", "pylate"), required=True, help="checkpoint format")
     return p
 

@@ -27,7 +27,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--index", "-i", required=True, metavar="DIR", help="index folder")
     add_common(p, ("passage", "sentence", "span"), "sentence")
     p.add_argument("--model", "-m", metavar="PATH", default=None,
-                   help="model folder (default: the one the index was built with)")
+                   help="model folder or Hugging Face name org/name[@revision] (default: the one the index was built with)")
     p.add_argument("--exact", action="store_true",
                    help="score every passage exhaustively (the reference; slow on large indexes)")
     p.add_argument("--nprobe", type=positive_int, default=None,

@@ -15,7 +15,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--index", "-i", metavar="DIR", default=None,
                    help="index folder (without one, only /rank and /cite are served)")
     p.add_argument("--model", "-m", metavar="PATH", default=None,
-                   help="model folder (default: the index's, else " + DEFAULT_MODEL_HELP.split(": ", 1)[1] + ")")
+                   help="model folder or Hugging Face name org/name[@revision] (default: the index's, else " + DEFAULT_MODEL_HELP.split(": ", 1)[1] + ")")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=positive_int, default=8000, help="port (default: 8000)")
     p.add_argument("--allow-writes", action="store_true",
