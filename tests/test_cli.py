@@ -137,7 +137,7 @@ def test_cite_text_and_jsonl(capsys, curie_files, tiny_model_dir):
     for r in rows:
         assert text[r["start"]:r["end"]] == r["text"]
         for prop in r["propositions"]:
-            assert prop["passage"] is None and prop["best_passage"] in {"curie-early-life", "curie-chemistry", "eiffel-tower"}
+            assert prop["passage_id"] is None and prop["best_passage_id"] in {"curie-early-life", "curie-chemistry", "eiffel-tower"}
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -61,8 +61,8 @@ def run(args) -> int:
                       "citations": [passages[c].id for c in sent.citations],
                       "markers": [c + 1 for c in sent.citations],
                       "propositions": [{"text": p.text, "pieces": [list(x) for x in p.pieces],
-                                        "passage": None if p.passage is None else passages[p.passage].id,
-                                        "best_passage": passages[p.best_passage].id,
+                                        "passage_id": None if p.passage is None else passages[p.passage].id,
+                                        "best_passage_id": passages[p.best_passage].id,
                                         "passage_span": list(p.passage_span),
                                         "score": round(p.score, 4),
                                         "runner_up": None if p.runner_up == float("-inf") else round(p.runner_up, 4)}

@@ -283,7 +283,7 @@ class IndexService:
         sentences = [{"start": sent.start, "end": sent.end, "text": sent.text,
                       "citations": [passages[c].id for c in sent.citations], "markers": [c + 1 for c in sent.citations],
                       "propositions": [{"text": p.text, "pieces": [list(x) for x in p.pieces],
-                                        "passage": None if p.passage is None else passages[p.passage].id,
+                                        "passage_id": None if p.passage is None else passages[p.passage].id,
                                         "passage_span": list(p.passage_span), "score": round(p.score, 4)}
                                        for p in sent.propositions]} for sent in result.sentences]
         return {"text": result.text, "sentences": sentences,
