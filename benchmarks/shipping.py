@@ -225,14 +225,19 @@ def cards(results: Path = RESULTS) -> dict:
     loaded = load_rows(results)
     size_rows = {r["_file"]: r for r in _load(results, "index_search-size-2b*.json")}
     out: Dict[str, dict] = {}
+    vocab: Dict[str, str] = {}
+    measured: Dict[str, dict] = {}
     for name in ("zero-shot", "e5-small", *named_models()):
         try:
             encoder = load_encoder(name)
         except ModelError:  # e5-small without agrame[e5]
             continue
         fp = encoder.fingerprint()[:12]
+        vocab[name] = _vocab_hash(encoder.tokenizer)
         sizes = [size_rows[f] for f in (f"index_search-size-2b-{t}.json" for t in SIZE_TAGS.get(name, ()))
                  if f in size_rows]
+        if sizes:
+            measured[name] = sizes[0]
         rows = {}
         for row, benchmark, dataset, key, _ in ROWS:
             found = value(find_row(loaded, name, fp, benchmark, dataset), key)
@@ -240,9 +245,42 @@ def cards(results: Path = RESULTS) -> dict:
                 rows[row] = found
         out[name] = {"dim": encoder.dim, "bytes_per_token": sizes[0]["bytes_per_token_text_excluded"] if sizes else None,
                      "fingerprint": fp, "rows": rows}
+    for name, card in out.items():
+        if card["bytes_per_token"] is None:
+            card.update(estimate_bytes_per_token(card["dim"], vocab[name], measured, vocab))
     return {"rows": [r[0] for r in ROWS], "models": out,
             "note": "full-protocol rows (benchmarks/shipping.py); bytes per token: 2-bit index of the pooled corpus, "
-                    "text excluded"}
+                    "text excluded — measured (index_search size), or estimated (bytes_per_token_estimated_from) "
+                    "from a measured model with the same tokenizer: its files, with the residuals and centroids "
+                    "recomputed for the model's dimension"}
+
+
+def _vocab_hash(tokenizer) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(sorted(tokenizer.get_vocab().items())).encode()).hexdigest()[:12]
+
+
+def estimate_bytes_per_token(dim: int, vocab: str, measured: Dict[str, dict], vocabs: Dict[str, str]) -> dict:
+    """A model's 2-bit bytes per token where its own index was not built: a measured model with the same
+    tokenizer has the same tokens, passages, sentences and centroid count on the pooled corpus; only the
+    residuals (dim · nbits / 8 a token) and the float16 centroids (centroids · dim · 2 / tokens) depend on the
+    dimension. What else differs between models — which passages share a centroid (``ivf-1.pids.bin``, 2.2–2.9
+    bytes a token among the measured ones) — is taken from the measured model, hence an estimate."""
+    same = [n for n in measured if vocabs.get(n) == vocab]
+    if not same:
+        return {"bytes_per_token": None}
+    source = min(same, key=lambda n: (abs(int(measured[n].get("dim") or _dim(measured[n])) - dim), n))
+    row = measured[source]
+    files = dict(row["bytes_per_token_by_file"])
+    files.pop("passages.jsonl", None)
+    files["residuals.bin"] = dim * int(row["nbits"]) / 8
+    files["centroids.f16"] = int(row["num_centroids"]) * dim * 2 / int(row["tokens"])
+    return {"bytes_per_token": round(sum(files.values()), 1), "bytes_per_token_estimated_from": source}
+
+
+def _dim(row: dict) -> int:
+    return round(float(row["bytes_per_token_by_file"]["residuals.bin"]) * 8 / int(row["nbits"]))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -144,3 +144,23 @@ def test_the_wice_train_claims_are_a_split_for_choosing():
     train, dev = load_claims("train"), load_claims("dev")
     assert len(train) == 374 and len(dev) == 306
     assert all(c["gold"] for c in train) and not {c["id"] for c in train} & {c["id"] for c in dev}
+
+
+def test_the_bytes_per_token_estimate_is_within_half_a_byte_of_the_measured_sizes():
+    """``agrame models``'s estimate for a model without its own index (issue 63): from a measured model with the same
+    tokenizer at another dimension, checked against the measured ones (MiniLM at 384 ↔ 128 dimensions)."""
+    import json
+
+    from benchmarks.shipping import RESULTS, estimate_bytes_per_token
+
+    rows = {t: json.loads((RESULTS / f"index_search-size-2b-{t}.json").read_text())
+            for t in ("zeroshot", "gpu-agrame128-g2000")}
+    vocab = {t: "minilm" for t in rows}
+    for target, source in (("gpu-agrame128-g2000", "zeroshot"), ("zeroshot", "gpu-agrame128-g2000")):
+        dim = {"zeroshot": 384, "gpu-agrame128-g2000": 128}[target]
+        est = estimate_bytes_per_token(dim, "minilm", {source: rows[source]}, vocab)
+        assert est["bytes_per_token_estimated_from"] == source
+        assert abs(est["bytes_per_token"] - rows[target]["bytes_per_token_text_excluded"]) <= 0.5, (target, est)
+        own = estimate_bytes_per_token(dim, "minilm", {target: rows[target]}, vocab)
+        assert own["bytes_per_token"] == round(rows[target]["bytes_per_token_text_excluded"], 1)
+    assert estimate_bytes_per_token(128, "other", {"zeroshot": rows["zeroshot"]}, vocab) == {"bytes_per_token": None}

@@ -62,7 +62,9 @@ def models(cards: Optional[dict] = None) -> List[Dict]:
             meta = json.loads((folders[name] / "delta.json").read_text())
             card["fingerprint"] = str(meta.get("fingerprint", ""))[:12]
         out.append({"name": name, "default": name == DEFAULT_MODEL, "dim": card.get("dim"),
-                    "bytes_per_token": card.get("bytes_per_token"), "fingerprint": card.get("fingerprint"),
+                    "bytes_per_token": card.get("bytes_per_token"),
+                    "bytes_per_token_estimated_from": card.get("bytes_per_token_estimated_from"),
+                    "fingerprint": card.get("fingerprint"),
                     "rows": card.get("rows", {})})
     out.sort(key=lambda m: not m["default"])
     return out
@@ -100,7 +102,12 @@ def run(args) -> int:
     print(f"{'model':<{width}} {'dim':>4} {'B/token':>8}  fingerprint")
     for m in listed:
         label = m["name"] + (" (default)" if m["default"] else "")
-        print(f"{label:<{width}} {_fmt(m['dim']):>4} {_fmt(m['bytes_per_token']):>8}  {m['fingerprint'] or '—'}")
+        size = ("≈" if m.get("bytes_per_token_estimated_from") else "") + _fmt(m["bytes_per_token"])
+        print(f"{label:<{width}} {_fmt(m['dim']):>4} {size:>8}  {m['fingerprint'] or '—'}")
+    estimated = sorted({m["bytes_per_token_estimated_from"] for m in listed if m.get("bytes_per_token_estimated_from")})
+    if estimated:
+        print("B/token: a 2-bit index of the benchmark pool, text excluded; ≈ estimated from "
+              f"{', '.join(estimated)} (same tokenizer; residuals and centroids at the model's dimension)")
     measured = [m for m in listed if m["rows"]]
     rows = cards["rows"]
     if measured and rows:
