@@ -29,6 +29,20 @@ DEFAULT_MODEL = "gpu2100-agrame128"
 LEGACY_DEFAULT = "default"
 
 
+#: Shipped models the wheel leaves out (``[tool.setuptools.exclude-package-data]``): in a clone they load by
+#: name; from a wheel, by their folder in a clone (``agrame models`` and the refusal say so).
+NOT_IN_WHEEL = ("gpu2100-agrame", "squad-a1")
+
+
+def not_installed_hint(name: str) -> Optional[str]:
+    """How to get a shipped model this install lacks (None: not one of those)."""
+    if name not in NOT_IN_WHEEL or (MODELS_DIR / name).is_dir():
+        return None
+    return (f"{name!r} is a shipped model the wheel leaves out (the default only is in it): pass its folder from "
+            f"a clone of the repository, --model CLONE/agrame/models/{name}, or install the clone (pip install -e "
+            "CLONE), where every shipped model loads by name")
+
+
 def named_models() -> Dict[str, Path]:
     """Shipped models by name (``agrame/models/<name>``)."""
     if not MODELS_DIR.is_dir():
@@ -180,6 +194,9 @@ def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder
         encoder = load_encoder(folder, device)
         encoder.source = f"{str(path).split('@', 1)[0]}@{commit}"  # (an index records the exact revision)
         return encoder
+    hint = not_installed_hint(str(path))
+    if hint is not None and not Path(path).exists():
+        raise ModelError(f"model {hint}")
     path = Path(path)
     if not path.exists():
         raise ModelError(f"model {str(path)!r} does not exist: not a shipped model, no such folder, and not a "
@@ -231,5 +248,5 @@ def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder
                      "artifact.metadata (ColBERT), modules.json (PyLate) or config.json (Hugging Face)")
 
 
-__all__ = ["DEFAULT_MODEL", "LEGACY_DEFAULT", "MODELS_DIR", "load_encoder", "named_model_with_fingerprint",
-           "named_models", "shipped_names"]
+__all__ = ["DEFAULT_MODEL", "LEGACY_DEFAULT", "MODELS_DIR", "NOT_IN_WHEEL", "load_encoder",
+           "named_model_with_fingerprint", "named_models", "not_installed_hint", "shipped_names"]

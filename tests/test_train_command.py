@@ -8,7 +8,6 @@ import json
 import random
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -233,19 +232,6 @@ def test_the_pairs_reader_takes_ids_texts_and_both_label_kinds(data):
     read = read_pairs(str(pairs), read_corpus(str(corpus)))
     assert len(read) == 40 and read[0].positive == _text(TOPICS[0]) and read[0].answer_sentences == [1]
     assert read[1].answer_sentences == [0]  # span [0, 10] lies in the first sentence
-
-
-@pytest.mark.slow
-def test_the_wheel_installs_no_top_level_research_packages(tmp_path):
-    repo = Path(__file__).resolve().parent.parent
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(repo), "--no-deps", "--no-build-isolation",
-                            "-w", str(tmp_path), "-q"], capture_output=True, text=True, timeout=600)
-    assert built.returncode == 0, built.stderr[-2000:]
-    (wheel,) = tmp_path.glob("agrame-*.whl")
-    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
-    assert {"agrame", "agrame_app", "propcite"} <= tops
-    assert not tops & {"training", "benchmarks", "tests"}, sorted(tops)
-    assert "agrame/training/trainer.py" in zipfile.ZipFile(wheel).namelist()
 
 
 def test_a_run_stopped_by_its_time_budget_resumes_with_the_same_command(data, tiny_model_dir, capsys):

@@ -53,10 +53,13 @@ def models(cards: Optional[dict] = None) -> List[Dict]:
     """Every shipped name with what is known of it; a model the cards do not list yet has no rows."""
     from agrame.loading import DEFAULT_MODEL, named_models, shipped_names
 
+    from agrame.loading import not_installed_hint
+
     cards = _cards() if cards is None else cards
     folders = named_models()
     out = []
-    for name in shipped_names():
+    absent = [n for n in cards["models"] if n not in shipped_names() and not_installed_hint(n)]
+    for name in [*shipped_names(), *absent]:
         card = dict(cards["models"].get(name, {}))
         if not card.get("fingerprint") and name in folders:
             meta = json.loads((folders[name] / "delta.json").read_text())
@@ -65,7 +68,8 @@ def models(cards: Optional[dict] = None) -> List[Dict]:
                     "bytes_per_token": card.get("bytes_per_token"),
                     "bytes_per_token_estimated_from": card.get("bytes_per_token_estimated_from"),
                     "fingerprint": card.get("fingerprint"),
-                    "rows": card.get("rows", {})})
+                    "rows": card.get("rows", {}), "installed": name not in absent,
+                    **({"how": not_installed_hint(name)} if name in absent else {})})
     out.sort(key=lambda m: not m["default"])
     return out
 
@@ -101,13 +105,16 @@ def run(args) -> int:
     width = max(len(m["name"]) for m in listed) + 10
     print(f"{'model':<{width}} {'dim':>4} {'B/token':>8}  fingerprint")
     for m in listed:
-        label = m["name"] + (" (default)" if m["default"] else "")
+        label = m["name"] + (" (default)" if m["default"] else "") + ("" if m["installed"] else " (not installed)")
         size = ("≈" if m.get("bytes_per_token_estimated_from") else "") + _fmt(m["bytes_per_token"])
         print(f"{label:<{width}} {_fmt(m['dim']):>4} {size:>8}  {m['fingerprint'] or '—'}")
     estimated = sorted({m["bytes_per_token_estimated_from"] for m in listed if m.get("bytes_per_token_estimated_from")})
     if estimated:
         print("B/token: a 2-bit index of the benchmark pool, text excluded; ≈ estimated from "
               f"{', '.join(estimated)} (same tokenizer; residuals and centroids at the model's dimension)")
+    if any(not m["installed"] for m in listed):
+        print("not installed: the wheel carries the default model only; load the others by their folder in a clone "
+              "of the repository (--model CLONE/agrame/models/NAME) or install the clone (pip install -e CLONE)")
     measured = [m for m in listed if m["rows"]]
     rows = cards["rows"]
     if measured and rows:
