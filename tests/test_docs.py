@@ -66,3 +66,14 @@ def test_the_readme_quotes_the_default_models_rows_as_the_cards_hold_them():
     for name, ours, zero in rows:
         assert float(ours) == cards["gpu2100-agrame128"]["rows"][name], name
         assert float(zero) == cards["zero-shot"]["rows"][name], name
+
+
+def test_every_row_of_the_peer_table_has_a_block_that_runs():
+    """docs/peers.md (issue 63): each row of the table names a block of the AGRaME column (``# row: NAME``), and
+    the blocks are among those run above."""
+    page = REPO / "docs" / "peers.md"
+    text = page.read_text()
+    rows = [line.split("|")[1].strip() for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith("| row ") and not line.startswith("|---")]
+    blocks = [code.splitlines()[0] for p, _, _, code, reason in RUN if p == page]
+    assert len(rows) == 8 and sorted(rows) == sorted(b.removeprefix("# row: ") for b in blocks), (rows, blocks)
