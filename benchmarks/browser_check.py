@@ -77,18 +77,22 @@ class Server:
 
 
 class _Outlined(HTMLParser):
-    """Text inside the first ``class="best"`` element (nested token spans included)."""
+    """Text inside the first ``class="best"`` element (nested token spans included) — the one of ``rank`` when
+    given (a passage's outlines carry their hits' ranks)."""
 
-    def __init__(self):
+    def __init__(self, rank: Optional[int] = None):
         super().__init__()
         self.depth = 0  # > 0 while inside the outline
         self.text: Optional[str] = None
         self._parts: list = []
+        self.rank = rank
 
     def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
         if self.depth:
             self.depth += 1
-        elif self.text is None and "best" in (dict(attrs).get("class") or "").split():
+        elif self.text is None and "best" in (attrs.get("class") or "").split() and (
+                self.rank is None or attrs.get("data-rank") == str(self.rank)):
             self.depth = 1
 
     def handle_endtag(self, tag):
@@ -102,8 +106,8 @@ class _Outlined(HTMLParser):
             self._parts.append(data)
 
 
-def _outlined(fragment: str) -> Optional[str]:
-    parser = _Outlined()
+def _outlined(fragment: str, rank: Optional[int] = None) -> Optional[str]:
+    parser = _Outlined(rank)
     parser.feed(fragment)
     return parser.text
 
@@ -134,11 +138,18 @@ def check_page(app, query: str, browser: str, screenshot: Optional[Path] = None,
                                          headers={"Content-Type": "application/json"})
         api = json.loads(urllib.request.urlopen(request, timeout=60).read())
         dom = _load(browser, f"{server.url}/?" + urllib.parse.urlencode(params), profile, screenshot)
-    hits = re.findall(r'<div class="hit" data-rank="(\d+)" data-passage="([^"]*)">(.*?)</details>', dom, re.S)
-    first_best = _outlined(hits[0][2]) if hits else None
+    hits = re.findall(r'<div class="hit" data-rank="([\d ]+)" data-passage="([^"]*)">(.*?)</details>', dom, re.S)
+    first_best = _outlined(hits[0][2], 1) if hits else None
+    # token-to-token explain: each query token's row names a passage token (data-s, its start) shown in the text
+    pairs = [(re.findall(r'<tr class="pair" data-s="(\d+)"', h[2]), set(re.findall(r'class="tok[^"]*" data-s="(\d+)"', h[2])))
+             for h in hits]
     return {"api_top": api["results"][0] if api["results"] else None, "dom_hits": len(hits),
-            "dom_passages": [h[1] for h in hits],
+            "dom_passages": [h[1] for h in hits], "dom_ranks": [[int(r) for r in h[0].split()] for h in hits],
             "dom_first_passage": hits[0][1] if hits else None, "dom_first_outlined": first_best,
+            "dom_outlines": [len(re.findall(r'class="best"', h[2])) for h in hits],
+            "dom_pair_rows": sum(len(rows) for rows, _ in pairs),
+            "dom_pairs_unmatched": sum(r not in toks for rows, toks in pairs for r in rows),
+            "api_passages": list(dict.fromkeys(h["passage_id"] for h in api["results"])),
             "searched": 'data-state="searched"' in dom}
 
 

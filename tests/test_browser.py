@@ -21,9 +21,14 @@ def test_page_outlines_the_top_sentence(tmp_path, tiny_encoder, tiny_model_dir, 
 
     build_index(tiny_encoder, read_passages(str(coral_file)), tmp_path / "ix", progress=False)
     result = check_page(create_app(tmp_path / "ix", model=str(tiny_model_dir)), "coral bleaching", BROWSER)
-    assert result["searched"] and result["dom_hits"] == 3
+    assert result["searched"] and sorted(r for ranks in result["dom_ranks"] for r in ranks) == [1, 2, 3]
+    # sentence hits grouped under their passage: each passage once, in the order of its best hit, every hit outlined
+    assert result["dom_passages"] == result["api_passages"]
+    assert result["dom_outlines"] == [len(ranks) for ranks in result["dom_ranks"]]
     assert result["dom_first_passage"] == result["api_top"]["passage_id"]
     assert result["dom_first_outlined"] == result["api_top"]["text"]
+    # token-to-token explain: every query token's row pairs with a token shown in the passage
+    assert result["dom_pair_rows"] > 0 and result["dom_pairs_unmatched"] == 0
 
 
 @pytest.mark.skipif(BROWSER is None, reason="no Chromium installed (apt-get install chromium)")

@@ -101,7 +101,11 @@ def hit_json(h, explanation=None, metadata=None) -> dict:
         out["passage_text"] = e["text"]
         out["tokens"] = [[t["start"], t["end"], round(t["similarity"], 4), t["matched"]]
                          for t in e["passage_tokens"] if t["end"] > t["start"]]
-        out["query_tokens"] = [[t["token"], t["passage_token"], round(t["similarity"], 4)] for t in e["query_tokens"]]
+        pt = e["passage_tokens"]
+        # [query token, index of the passage token it matched, similarity, that token's start, end] (the page pairs
+        # them: issue 63)
+        out["query_tokens"] = [[t["token"], t["passage_token"], round(t["similarity"], 4),
+                                pt[t["passage_token"]]["start"], pt[t["passage_token"]]["end"]] for t in e["query_tokens"]]
         best = e["best_sentence"]
         out["best_sentence"] = None if best is None else [e["sentences"][best]["start"], e["sentences"][best]["end"]]
     return out
