@@ -30,7 +30,41 @@ def data_dir() -> Path:
 def machine() -> dict:
     import torch
     return {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "python": platform.python_version(), "torch": torch.__version__}
+            "python": platform.python_version(), "torch": torch.__version__, "load": machine_load()}
+
+
+def _cpu_seconds() -> Tuple[float, float]:
+    """(busy CPU seconds of the whole machine, of this process and its waited-for children) since boot / start."""
+    busy = 0.0
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        busy = (sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        pass
+    t = os.times()
+    return busy, t.user + t.system + t.children_user + t.children_system
+
+
+#: when this module was imported (a benchmark's start, near enough): the machine's and this process's CPU then
+_STARTED = (time.time(), *_cpu_seconds(), os.getloadavg())
+#: another job's CPU above this many cores, on average over the run, makes it "not alone" (issue 64)
+NOT_ALONE_CORES = 0.25
+
+
+def machine_load() -> dict:
+    """What else ran while this benchmark did (issue 64: a loaded machine doubled one side's latency and no run said
+    so): the load average when it started and now, and the CPU the *other* processes used meanwhile, in cores
+    (the machine's busy CPU time minus this process's and its children's, over the wall time). A child is
+    counted as this run's once waited for: workers it leaves running (Ray's) count as other processes."""
+    began, busy0, own0, load0 = _STARTED
+    busy1, own1 = _cpu_seconds()
+    wall = max(time.time() - began, 1e-6)
+    others = max(0.0, (busy1 - busy0) - (own1 - own0)) / wall
+    return {"load_average_at_start": [round(x, 2) for x in load0],
+            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+            "other_processes_cpu_cores": round(others, 2), "seconds": round(wall, 1),
+            "alone": others <= NOT_ALONE_CORES}
 
 
 def peak_rss_mb(pid: int | str = "self") -> float:
@@ -84,6 +118,12 @@ def command_line(module: str, argv: Optional[Sequence[str]]) -> str:
 def write_result(name: str, result: dict, out: Optional[str], command: str) -> Path:
     """Write ``result`` with its command and machine to ``benchmarks/results/<name>.json`` (atomically)."""
     result = {**result, "command": command, "machine": machine(), "date": time.strftime("%Y-%m-%d")}
+    load = result["machine"]["load"]
+    if not load["alone"]:
+        print(f"note: {name}: this run was not alone — other processes used {load['other_processes_cpu_cores']} "
+              f"cores on average over its {load['seconds']} s (load average {load['load_average_at_start'][0]} at "
+              f"its start, {load['load_average_at_end'][0]} at its end); its timings are not an idle machine's",
+              file=sys.stderr)
     path = Path(out) if out else RESULTS / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")

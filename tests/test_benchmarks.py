@@ -369,3 +369,20 @@ def test_a_sample_naming_most_of_the_pool_encodes_the_whole_pool(tmp_path, monke
         assert len(caches) == 1 and caches[0].startswith(f"colbert-{name}-subset-") == subset, caches
         passages, _ = run("q", "which river floods", np.array(needed[::-1]))
         assert sorted(passages) == needed  # either cache answers for the candidates asked
+
+
+def test_a_result_says_what_else_ran_beside_it(monkeypatch, tmp_path, capsys):
+    """Issue 64: every result records the load average and the other processes' CPU over its run, and a run that
+    was not alone says so (busy CPU of the machine minus this process's, over the wall time)."""
+    import benchmarks.common as common
+
+    monkeypatch.setattr(common, "_STARTED", (100.0, 50.0, 20.0, (0.5, 0.4, 0.3)))
+    monkeypatch.setattr(common.time, "time", lambda: 105.0)
+    monkeypatch.setattr(common, "_cpu_seconds", lambda: (60.0, 24.0))  # 10 s busy, 4 s of them this process's
+    load = common.machine_load()
+    assert load["other_processes_cpu_cores"] == 1.2 and load["seconds"] == 5.0 and load["alone"] is False
+    out = common.write_result("x", {"a": 1}, str(tmp_path / "x.json"), "cmd")
+    assert json.loads(out.read_text())["machine"]["load"]["alone"] is False
+    assert "not alone" in capsys.readouterr().err
+    monkeypatch.setattr(common, "_cpu_seconds", lambda: (55.0, 24.0))  # 5 s busy, 4 of them its own: 0.2 cores
+    assert common.machine_load()["alone"] is True
