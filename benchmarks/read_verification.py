@@ -2,8 +2,9 @@
 
     python -m benchmarks.read_verification --queries 300 --rounds 5
 
-The index holds the pooled corpus (``--passages N``: its first N), the default model, 2 bits, built once under
-``cache/``. It is opened
+The index holds the pooled corpus (``--passages N``: its first N), the default model (``--model``), 2 bits, built
+once under ``cache/`` — the whole pool from the model's cached pool encodings (``benchmarks.index_search``; what is
+timed does not depend on which model's vectors the index holds, only on their dimension). It is opened
 twice in one process: *verified* (today's open: the search arrays read into memory and checked against the
 manifest's CRC-32, each passage record and metadata row checked as it is read) and *mapped* (``verify=False``:
 memory maps, nothing checked — how every read went before issue 62). The two are timed in alternating rounds on
@@ -66,8 +67,18 @@ def main(argv=None) -> None:
     count = args.passages or len(pool.texts)
     path = cache_root() / f"verify-pool-{encoder.fingerprint()[:12]}-{count}-meta"
     if not (path / "manifest.json").exists():  # built once (2 bits, the model's defaults), then reused
-        build_index(encoder, [Passage(str(i), t, metadata={"source": SOURCES[i % len(SOURCES)], "n": i})
-                              for i, t in enumerate(pool.texts[:count])], path, overwrite=True)
+        passages = [Passage(str(i), t, metadata={"source": SOURCES[i % len(SOURCES)], "n": i})
+                    for i, t in enumerate(pool.texts[:count])]
+        if count == len(pool.texts):  # the whole pool: from its cached encodings (benchmarks.index_search's)
+            from agrame.index.writer import build_compressed
+
+            from .index_search import PoolVectors
+
+            vectors = PoolVectors(args.model, pool)
+            build_compressed(encoder, passages, path, sentences=vectors.spans, encoded=vectors.corpus(),
+                             overwrite=True)
+        else:
+            build_index(encoder, passages, path, overwrite=True)
     opened = {}
     for way, verify in (("mapped", False), ("verified", "auto")):
         t = time.perf_counter()
