@@ -334,8 +334,14 @@ def render_shipping(results_dir: Path) -> str | None:
         return None
     spec = SPECS["shipping"]
     rule = shipping.__doc__.split("The rule", 1)[1].split("Rows:", 1)[0].strip()
-    return join([["## " + spec["title"]], ["The rule " + rule], [spec["intro"].format(model=DEFAULT_MODEL)],
-                 [shipping.render(DEFAULT_MODEL, results_dir)]])
+    blocks = [["## " + spec["title"]], ["The rule " + rule], [spec["intro"].format(model=DEFAULT_MODEL)],
+              [shipping.render(DEFAULT_MODEL, results_dir)]]
+    for candidate, text in spec.get("successors", {}).items():
+        if list(results_dir.glob(f"*-ship-{candidate}.json")):
+            blocks += [["### " + text["title"]], [text["intro"].format(model=DEFAULT_MODEL)],
+                       [shipping.render(candidate, results_dir, reference=DEFAULT_MODEL, gain=1)],
+                       [text["after"].format(model=DEFAULT_MODEL)]]
+    return join(blocks)
 
 
 SPECIAL = (render_default_choice, render_scaled, render_e5_models, render_trained)  # over every kind's results

@@ -86,6 +86,11 @@ def fingerprint(name: str) -> str:
     folder = named_models().get(name)
     if folder is not None:
         return json.loads((folder / "delta.json").read_text())["fingerprint"][:12]
+    if name not in named_models() and not Path(name).exists():
+        # a candidate folder kept elsewhere (a successor judged on another machine): its rows record it
+        recorded = {str(r.get("fingerprint", ""))[:12] for r in _load(RESULTS, f"*-ship-{Path(name).name}.json")}
+        if len(recorded) == 1:
+            return recorded.pop()
     return load_encoder(name).fingerprint()[:12]
 
 
