@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import os
 import pickle
+import re
 import shutil
 from pathlib import Path
 from typing import List, Sequence, Tuple
@@ -73,6 +74,24 @@ def sentence_texts(texts: Sequence[str], spans: Sequence[Sequence[Tuple[int, int
     return sentences, starts
 
 
+def _builder_alive(name: str) -> bool:
+    """Whether the process that writes temporary shard ``name`` (``….tmp-PID…``) is running (not this one: a
+    process starts ``ensure`` with nothing of its own in flight)."""
+    match = re.search(r"\.tmp-(\d+)", name)
+    if match is None:
+        return False
+    pid = int(match.group(1))
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
 class MultiVectorCache:
     """Shards of AGRaME index folders over a list of texts; ``select`` gathers passages."""
 
@@ -84,11 +103,17 @@ class MultiVectorCache:
         self._shards: List[EncodedCorpus] = []
         self._base: Path | None = None  # where the unprojected backbone's cache would be (projected_base)
 
-    def ensure(self) -> "MultiVectorCache":
-        """Encode missing shards (one builder at a time: leftovers of killed runs are removed)."""
+    def sweep(self) -> None:
+        """Remove temporary shards whose builder is gone (a killed run's)."""
         if self.folder.exists():
             for stale in self.folder.glob(".shard-*.tmp-*"):
-                shutil.rmtree(stale, ignore_errors=True)
+                if not _builder_alive(stale.name):
+                    shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+
+    def ensure(self) -> "MultiVectorCache":
+        """Encode missing shards. Leftovers of killed runs are removed; a live builder's temporary shards (another
+        process encoding the same cache: its pid is in their names) are left to it (issue 62)."""
+        self.sweep()
         missing = [i for i in range(self.n_shards) if not (self.folder / f"shard-{i:05d}").exists()]
         base = self.projected_base() if missing else None
         if base is not None:

@@ -386,3 +386,29 @@ def test_a_result_says_what_else_ran_beside_it(monkeypatch, tmp_path, capsys):
     assert "not alone" in capsys.readouterr().err
     monkeypatch.setattr(common, "_cpu_seconds", lambda: (55.0, 24.0))  # 5 s busy, 4 of them its own: 0.2 cores
     assert common.machine_load()["alone"] is True
+
+
+def test_the_encoding_cache_sweeps_a_killed_builders_shards_not_a_live_ones(tmp_path, monkeypatch, tiny_encoder):
+    """Issue 62: two processes encoding the same cache — the second's sweep removed the first's shards in flight."""
+    import subprocess
+    import sys
+
+    from benchmarks.encodings import MultiVectorCache
+
+    monkeypatch.setenv("AGRAME_CACHE", str(tmp_path))
+    cache = MultiVectorCache(tiny_encoder, ["a text"], "sweep")
+    cache.folder.mkdir(parents=True)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        (cache.folder / f".shard-00000.tmp-{live.pid}.npy").write_bytes(b"x")
+        (cache.folder / f".shard-00001.tmp-{live.pid}").mkdir()
+        (cache.folder / f".shard-00002.tmp-{dead.pid}.npy").write_bytes(b"x")
+        (cache.folder / f".shard-00003.tmp-{dead.pid}").mkdir()
+        cache.sweep()
+        assert sorted(p.name for p in cache.folder.iterdir()) == [f".shard-00000.tmp-{live.pid}.npy",
+                                                                  f".shard-00001.tmp-{live.pid}"]
+    finally:
+        live.kill()
+        live.wait()
