@@ -71,7 +71,8 @@ def resolve(name: str) -> Tuple[Path, str]:
     except (LocalEntryNotFoundError, FileNotFoundError):
         why = "HF_HUB_OFFLINE is set" if no_net else "the hub could not be reached"
         rev = f" at revision {revision!r}" if revision else ""
-        raise ModelError(f"model {name!r}: not in the Hugging Face cache ({where}){rev} and {why}; download it "
+        raise ModelError(f"model {name!r}: no such folder here, and not in the Hugging Face cache ({where}){rev} "
+                         f"and {why}; download it "
                          f"where the hub is reachable (huggingface-cli download {repo}"
                          f"{' --revision ' + revision if revision else ''}) or pass a local folder") from None
     except RevisionNotFoundError:
@@ -80,8 +81,8 @@ def resolve(name: str) -> Tuple[Path, str]:
         raise ModelError(f"model {name!r}: {repo} is gated on the hub; log in (huggingface-cli login) after "
                          "accepting its terms") from None
     except RepositoryNotFoundError:
-        raise ModelError(f"model {name!r}: no such repository on the hub (or it is private: huggingface-cli "
-                         "login)") from None
+        raise ModelError(f"model {name!r}: no such folder here, and no such repository on the hub (or it is "
+                         "private: huggingface-cli login)") from None
     except OSError as exc:  # a network failure huggingface_hub did not turn into one of the above
         raise ModelError(f"model {name!r}: the hub could not be reached ({exc}); set HF_HUB_OFFLINE=1 to use "
                          "the cache") from None
