@@ -8,7 +8,8 @@ timed does not depend on which model's vectors the index holds, only on their di
 twice in one process: *verified* (today's open: the search arrays read into memory and checked against the
 manifest's CRC-32, each passage record and metadata row checked as it is read) and *mapped* (``verify=False``:
 memory maps, nothing checked — how every read went before issue 62). The two are timed in alternating rounds on
-the same queries (passage and sentence searches, top 10, encoded once beforehand; ``Index.get`` of the hits' ids;
+the same queries (passage and sentence searches, top 10, encoded once beforehand; ``Index.get`` of the hits' ids,
+and the same through the server's ``GET /passages/ID`` (in process);
 a filtered passage search, its mask cached as a service's is; and a filter's mask computed afresh, which the
 verified open checks against every passage row), so load on the machine falls on both alike; the ratio
 verified / mapped of the median latency is the cost. Each passage carries metadata (``source``: one of three,
@@ -89,8 +90,13 @@ def main(argv=None) -> None:
     index = opened["verified"][0]
     encoded = [index.encode_query(t) for t in texts]  # once: the query encoder is not what is measured
     ids = list(dict.fromkeys(h.passage_id for t in texts[:50] for h in index.search(t, "passage", top_k=4)))
-    times = {way: {"passage": [], "sentence": [], "get": [], "filtered passage": [], "fresh filter mask": []}
-             for way in opened}
+    times = {way: {"passage": [], "sentence": [], "get": [], "GET /passages": [], "filtered passage": [],
+                   "fresh filter mask": []} for way in opened}
+    from fastapi.testclient import TestClient
+
+    from agrame_app.serve import create_app
+
+    clients = {way: TestClient(create_app(opened[way][0])) for way in opened}  # in process: no socket's noise
     filtered = {"source": "wiki"}
     for r in range(args.rounds):
         for way in (("mapped", "verified") if r % 2 == 0 else ("verified", "mapped")):
@@ -98,6 +104,7 @@ def main(argv=None) -> None:
             times[way]["passage"] += _timed(lambda q: idx.search_vectors(*q, "passage", top_k=10), encoded)
             times[way]["sentence"] += _timed(lambda q: idx.search_vectors(*q, "sentence", top_k=10), encoded)
             times[way]["get"] += _timed(idx.get, ids)
+            times[way]["GET /passages"] += _timed(lambda pid: clients[way].get(f"/passages/{pid}").raise_for_status(), ids)
             times[way]["filtered passage"] += _timed(
                 lambda q: idx.search_vectors(*q, "passage", top_k=10, filter=filtered), encoded)
             times[way]["fresh filter mask"] += _timed(idx.store.filter_mask, FRESH_FILTERS)
