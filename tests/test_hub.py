@@ -104,3 +104,21 @@ def test_a_model_not_cached_offline_is_exit_2_saying_so(hub, tmp_path, capsys):
     assert "Traceback" not in err
     with pytest.raises(ModelError, match="revision 'v9'"):
         load_encoder("acme/tiny@v9")
+
+
+def test_train_and_serve_take_a_hub_name(hub, tmp_path, capsys):
+    """`agrame train --model org/name` starts from the hub's snapshot; the served index loads it by its name."""
+    out = tmp_path / "trained"
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    assert main(["train", "--pairs", str(examples / "train_pairs.jsonl"), "--corpus", str(examples / "coral.jsonl"), "--out",
+                 str(out), "--model", "acme/tiny", "--steps", "1", "--batch-size", "2", "--heldout", "0"]) == 0, \
+        capsys.readouterr().err
+    assert json.loads((out / "train.json").read_text())["start"] == "acme/tiny"
+    from fastapi.testclient import TestClient
+
+    from agrame_app.serve import create_app
+
+    path = tmp_path / "ix"
+    build_index(load_encoder("acme/tiny"), PASSAGES, path, progress=False)
+    client = TestClient(create_app(path, model="acme/tiny"))
+    assert client.post("/search", json={"query": "coral", "top_k": 1}).status_code == 200
