@@ -176,3 +176,17 @@ def test_a_filter_answered_from_an_edited_field_row_is_refused_not_served(built,
         _mapped_edit(db, at + 7)
     index.check_unchanged()
     assert [(h.passage_id, h.score) for h in index.search("the", "passage", top_k=10, filter=same)] == before
+
+
+def test_a_served_index_does_not_digest_its_metadata_again_at_every_request(built, tiny_model_dir, monkeypatch):
+    """Our own fresh connection recreated meta.sqlite's empty -wal at every check, a new inode each time, which the
+    next check took for a write: every request digested every metadata row (found timing GET /passages)."""
+    from agrame.index import metadata
+
+    calls = []
+    verify = metadata.MetadataDB.verify
+    monkeypatch.setattr(metadata.MetadataDB, "verify", lambda self, *a, **k: calls.append(1) or verify(self, *a, **k))
+    client = _server(built, tiny_model_dir)
+    for _ in range(20):
+        assert client.get("/passages/p1").status_code == 200
+    assert len(calls) <= 2, len(calls)  # the open's, and at most one more
