@@ -161,6 +161,40 @@ def _load_pylate(path: Path) -> Encoder:
     return _with_linear(path, settings, linear)
 
 
+def _load_agrame_folder(path: Path, settings_file: Path) -> Encoder:
+    """An AGRaME checkpoint folder: its settings, the backbone's weights and the projection."""
+    try:
+        meta = json.loads(settings_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelError(f"{settings_file}: not valid JSON: {exc}") from exc
+    if not isinstance(meta, dict) or meta.pop("format", None) != FORMAT:
+        raise ModelError(f"{settings_file}: expected \"format\": \"{FORMAT}\"")
+    try:
+        settings = EncoderSettings.from_json(meta)
+    except TypeError as exc:
+        raise ModelError(f"{settings_file}: {exc}") from exc
+    if not (path / "config.json").exists():  # (Hugging Face would list its ~300 model types instead)
+        from .delta import DELTA_FILE, DELTA_META
+
+        missing = DELTA_META if (path / DELTA_FILE).exists() else "config.json"
+        raise ModelError(f"{path}: {missing} is missing (a model folder holds {SETTINGS_FILE} with "
+                         f"{DELTA_META} + {DELTA_FILE}, or with the backbone's config.json and weights)")
+    backbone, tokenizer = load_backbone(path)
+    projection = None
+    if settings.dim is not None:
+        from safetensors.torch import load_file
+        proj_file = path / PROJECTION_FILE
+        if not proj_file.exists():
+            raise ModelError(f"{path}: settings name dim={settings.dim} but {PROJECTION_FILE} is missing")
+        weight = load_file(str(proj_file))["weight"]
+        if tuple(weight.shape) != (settings.dim, backbone.config.hidden_size):
+            raise ModelError(f"{proj_file}: weight shape {tuple(weight.shape)} does not match "
+                             f"dim={settings.dim}, hidden={backbone.config.hidden_size}")
+        projection = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        projection.weight.data.copy_(weight)
+    return Encoder(backbone, tokenizer, settings, projection, source=str(path))
+
+
 def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder:
     """Load a model folder: AGRaME checkpoint, Stanford ColBERT or PyLate checkpoint, or plain HF model.
 
@@ -207,36 +241,7 @@ def load_encoder(path: str | Path | None = None, device: str = "cpu") -> Encoder
         return load_delta(path).to(device)
     settings_file = path / SETTINGS_FILE
     if settings_file.exists():
-        try:
-            meta = json.loads(settings_file.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ModelError(f"{settings_file}: not valid JSON: {exc}") from exc
-        if not isinstance(meta, dict) or meta.pop("format", None) != FORMAT:
-            raise ModelError(f"{settings_file}: expected \"format\": \"{FORMAT}\"")
-        try:
-            settings = EncoderSettings.from_json(meta)
-        except TypeError as exc:
-            raise ModelError(f"{settings_file}: {exc}") from exc
-        if not (path / "config.json").exists():  # (Hugging Face would list its ~300 model types instead)
-            from .delta import DELTA_FILE, DELTA_META
-
-            missing = DELTA_META if (path / DELTA_FILE).exists() else "config.json"
-            raise ModelError(f"{path}: {missing} is missing (a model folder holds {SETTINGS_FILE} with "
-                             f"{DELTA_META} + {DELTA_FILE}, or with the backbone's config.json and weights)")
-        backbone, tokenizer = load_backbone(path)
-        projection = None
-        if settings.dim is not None:
-            from safetensors.torch import load_file
-            proj_file = path / PROJECTION_FILE
-            if not proj_file.exists():
-                raise ModelError(f"{path}: settings name dim={settings.dim} but {PROJECTION_FILE} is missing")
-            weight = load_file(str(proj_file))["weight"]
-            if tuple(weight.shape) != (settings.dim, backbone.config.hidden_size):
-                raise ModelError(f"{proj_file}: weight shape {tuple(weight.shape)} does not match "
-                                 f"dim={settings.dim}, hidden={backbone.config.hidden_size}")
-            projection = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
-            projection.weight.data.copy_(weight)
-        return Encoder(backbone, tokenizer, settings, projection, source=str(path)).to(device)
+        return _load_agrame_folder(path, settings_file).to(device)
     if _is_colbert(path):
         return _load_colbert(path).to(device)
     if _is_pylate(path):

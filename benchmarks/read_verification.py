@@ -43,6 +43,30 @@ def _timed(fn, items) -> list:
     return out
 
 
+def _pool_index(encoder, pool, count: int, model):
+    """The index of the pool's first ``count`` passages with metadata (built once under ``cache/``, then reused)."""
+    from agrame.corpus import Passage
+    from agrame.index import build_index
+
+    from .encodings import cache_root
+
+    path = cache_root() / f"verify-pool-{encoder.fingerprint()[:12]}-{count}-meta"
+    if not (path / "manifest.json").exists():  # built once (2 bits, the model's defaults), then reused
+        passages = [Passage(str(i), t, metadata={"source": SOURCES[i % len(SOURCES)], "n": i})
+                    for i, t in enumerate(pool.texts[:count])]
+        if count == len(pool.texts):  # the whole pool: from its cached encodings (benchmarks.index_search's)
+            from agrame.index.writer import build_compressed
+
+            from .index_search import PoolVectors
+
+            vectors = PoolVectors(model, pool)
+            build_compressed(encoder, passages, path, sentences=vectors.spans, encoded=vectors.corpus(),
+                             overwrite=True)
+        else:
+            build_index(encoder, passages, path, overwrite=True)
+    return path
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None)
@@ -55,31 +79,16 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from agrame.corpus import Passage
-    from agrame.index import Index, build_index
+    from agrame.index import Index
     from agrame.loading import load_encoder
 
     from .data import load_pool
-    from .encodings import cache_root
 
     load_before = os.getloadavg()
     encoder = load_encoder(args.model)
     pool = load_pool()
     count = args.passages or len(pool.texts)
-    path = cache_root() / f"verify-pool-{encoder.fingerprint()[:12]}-{count}-meta"
-    if not (path / "manifest.json").exists():  # built once (2 bits, the model's defaults), then reused
-        passages = [Passage(str(i), t, metadata={"source": SOURCES[i % len(SOURCES)], "n": i})
-                    for i, t in enumerate(pool.texts[:count])]
-        if count == len(pool.texts):  # the whole pool: from its cached encodings (benchmarks.index_search's)
-            from agrame.index.writer import build_compressed
-
-            from .index_search import PoolVectors
-
-            vectors = PoolVectors(args.model, pool)
-            build_compressed(encoder, passages, path, sentences=vectors.spans, encoded=vectors.corpus(),
-                             overwrite=True)
-        else:
-            build_index(encoder, passages, path, overwrite=True)
+    path = _pool_index(encoder, pool, count, args.model)
     opened = {}
     for way, verify in (("mapped", False), ("verified", "auto")):
         t = time.perf_counter()
