@@ -1,0 +1,35 @@
+"""The fast set's selection (tests/conftest.py): a slow file named on the command line still runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _collected(*args: str) -> tuple[int, int]:
+    """(tests kept, tests deselected) for a `pytest --collect-only` run (the project's addopts make it quiet)."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-p", "no:cacheprovider", *args],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    tail = out.stdout.strip().splitlines()[-1]
+    kept = re.search(r"(\d+)(?:/\d+)? tests? collected", tail)
+    left = re.search(r"(\d+) deselected", tail)
+    return (int(kept.group(1)) if kept else 0), (int(left.group(1)) if left else 0)
+
+
+def test_a_slow_file_named_on_the_command_line_is_not_deselected():
+    # CI's PyLate step ran `pytest tests/test_export_pylate.py`: both its tests deselected, pytest's exit 5.
+    assert _collected("tests/test_export_pylate.py") == (2, 0)
+    assert _collected("tests/test_export_pylate.py::test_shipped_model_encodes_alike_in_pylate") == (1, 0)
+
+
+@pytest.mark.slow  # collects every test file, twice (~30 s)
+def test_a_slow_file_is_deselected_when_only_its_folder_is_named():
+    kept, left = _collected("tests", "-k", "export_pylate")
+    assert kept == 0 and left >= 2
+    assert _collected("tests", "-k", "export_pylate", "--full")[0] == 2
