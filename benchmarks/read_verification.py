@@ -10,8 +10,9 @@ manifest's CRC-32, each passage record and metadata row checked as it is read) a
 memory maps, nothing checked — how every read went before issue 62). The two are timed in alternating rounds on
 the same queries (passage and sentence searches, top 10, encoded once beforehand; ``Index.get`` of the hits' ids,
 and the same through the server's ``GET /passages/ID`` (in process);
-a filtered passage search, its mask cached as a service's is; and a filter's mask computed afresh, which the
-verified open checks against every passage row), so load on the machine falls on both alike; the ratio
+a filtered passage search, its mask cached as a service's is; a filter's mask computed afresh; and a fresh open's
+first filter, for which the verified reader checks every passage row and builds the columns later filters are
+answered from, :class:`agrame.index.metadata.FieldColumns`), so load on the machine falls on both alike; the ratio
 verified / mapped of the median latency is the cost. Each passage carries metadata (``source``: one of three,
 ``n``: its number) so that filters have rows to read. The machine's load average before and after is recorded.
 """
@@ -107,6 +108,12 @@ def main(argv=None) -> None:
 
     clients = {way: TestClient(create_app(opened[way][0])) for way in opened}  # in process: no socket's noise
     filtered = {"source": "wiki"}
+    first = {way: [] for way in opened}  # a generation's first filter: the verified reader builds its columns
+    for r in range(args.rounds):
+        for way in (("mapped", "verified") if r % 2 == 0 else ("verified", "mapped")):
+            fresh = Index(path, model=encoder, verify=False if way == "mapped" else "auto")
+            first[way] += _timed(fresh.store.filter_mask, FRESH_FILTERS[:1])
+            fresh.store.close()
     for r in range(args.rounds):
         for way in (("mapped", "verified") if r % 2 == 0 else ("verified", "mapped")):
             idx = opened[way][0]
@@ -121,13 +128,16 @@ def main(argv=None) -> None:
                          "p95_ms": round(sorted(v)[int(0.95 * (len(v) - 1))], 3), "n": len(v)}
                   for kind, v in kinds.items()} | {"open_s": opened[way][1]}
             for way, kinds in times.items()}
+    for way in rows:
+        rows[way]["first filter of a generation"] = {"median_ms": round(statistics.median(first[way]), 3),
+                                                     "n": len(first[way])}
     ratios = {kind: round(rows["verified"][kind]["median_ms"] / rows["mapped"][kind]["median_ms"], 3)
-              for kind in times["mapped"]}
+              for kind in rows["mapped"] if kind != "open_s"}
     result = {"benchmark": "read-verification", "index": str(path.name), "passages": len(index), "of_pool": len(pool.texts), "queries": len(texts), "rounds": args.rounds,
               "threads": args.threads, "rows": rows, "ratio_verified_over_mapped": ratios,
-              "target": "search and get ratios ≤ 1.10 (a fresh filter's mask is computed once per filter and "
-                        "generation: reported, not a target)",
-              "met": all(v <= 1.10 for k, v in ratios.items() if k != "fresh filter mask"),
+              "target": "search and get ratios ≤ 1.10 (a filter's mask is computed once per filter and generation, "
+                        "and a generation's first filter builds the checked columns: reported, not targets)",
+              "met": all(v <= 1.10 for k, v in ratios.items() if "filter" not in k or k == "filtered passage"),
               "load_average_before": [round(x, 2) for x in load_before],
               "load_average_after": [round(x, 2) for x in os.getloadavg()], "peak_rss_mb": peak_rss_mb(),
               "data": "squad-dev questions over the pooled benchmark corpus (benchmarks.data.load_pool)"}

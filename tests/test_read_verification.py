@@ -153,9 +153,10 @@ def test_a_metadata_row_read_after_an_edit_is_refused_not_returned(built, tiny_m
     assert index.get("p1")["metadata"]["source"] == "wiki"
 
 
-def test_a_filter_answered_from_an_edited_field_row_is_refused_not_served(built, tiny_model_dir):
-    """The filter's positions come from the ``fields`` rows, which no read returns (so no row check saw them):
-    an edit there let a passage through a filter it fails, or kept one out."""
+def test_a_filter_is_answered_from_checked_rows_never_from_an_edited_field_row(built, tiny_model_dir):
+    """SQLite answers a filter from the ``fields`` rows, which no read returns (so no row check sees them): an
+    edit there let a passage through a filter it fails, or kept one out. A verified reader answers filters from
+    the checked passage rows instead (FieldColumns), so the edit changes no answer."""
     index = Index(built, model=str(tiny_model_dir))
     wiki = {"source": "wiki"}
     before = [(h.passage_id, h.score) for h in index.search("the", "passage", top_k=10, filter=wiki)]
@@ -167,15 +168,26 @@ def test_a_filter_answered_from_an_edited_field_row_is_refused_not_served(built,
     for at in ats:
         _mapped_edit(db, at + 7)  # "wiki" → "Wiki" (the passage rows' JSON, "source": "wiki", is left alone)
     index.store.meta.reopen()
-    same = {"source": {"$in": ["wiki"]}}  # (the first filter's mask is cached, from before the edit: still right)
-    assert [(h.passage_id, h.score) for h in index.search("the", "passage", top_k=10, filter=wiki)] == before
-    with pytest.raises(IndexDamagedError) as caught:
-        index.search("the", "passage", top_k=10, filter=same)
-    assert caught.value.file == "meta.sqlite" and "field row" in str(caught.value)
+    assert index.store.meta.positions(wiki, len(index.store)).size == 0  # (SQLite's own answer did change)
+    same = {"source": {"$in": ["wiki"]}}  # a filter not cached before the edit
+    assert [(h.passage_id, h.score) for h in index.search("the", "passage", top_k=10, filter=same)] == before
     for at in ats:
         _mapped_edit(db, at + 7)
+
+
+def test_a_filter_over_an_edited_passage_row_is_refused(built, tiny_model_dir):
+    index = Index(built, model=str(tiny_model_dir))
+    db = _file(built, "meta.sqlite")
+    at = db.read_bytes().find(b'{"source": "wiki", "n": 1}') + 1
+    assert at > 0
+    _mapped_edit(db, at + 11)
+    index.store.meta.reopen()
+    with pytest.raises(IndexDamagedError) as caught:
+        index.search("the", "passage", top_k=10, filter={"source": "news"})
+    assert caught.value.file == "meta.sqlite" and "position 1" in str(caught.value)
+    _mapped_edit(db, at + 11)
     index.check_unchanged()
-    assert [(h.passage_id, h.score) for h in index.search("the", "passage", top_k=10, filter=same)] == before
+    assert index.search("the", "passage", top_k=10, filter={"source": "news"})
 
 
 def test_a_served_index_does_not_digest_its_metadata_again_at_every_request(built, tiny_model_dir, monkeypatch):
