@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import random
 import shlex
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -65,6 +68,36 @@ def machine_load() -> dict:
             "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
             "other_processes_cpu_cores": round(others, 2), "seconds": round(wall, 1),
             "alone": others <= NOT_ALONE_CORES}
+
+
+#: A second job that keeps ``threads`` cores busy (issue 64: "with a second 2-thread job beside it"): float32
+#: matrix products in torch, as a neighbour's encoding or training would run.
+_BUSY_JOB = ("import torch, sys; torch.set_num_threads(int(sys.argv[1])); a = torch.randn(768, 768)\n"
+             "while True:\n    a = torch.tanh(a @ a)")
+
+
+@contextlib.contextmanager
+def busy_beside(threads: int = 2):
+    """Run the block with a second ``threads``-thread job beside it (a child process, ended on exit); yields its
+    description for the result file. ``threads`` 0: nothing beside (yields None)."""
+    if not threads:
+        yield None
+        return
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    # Started through a launcher that exits at once: the job is not this process's child, so its CPU time counts
+    # as another process's in machine_load (a child waited for would count as this run's own).
+    launcher = ("import subprocess, sys; print(subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]], "
+                "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True).pid)")
+    pid = int(subprocess.run([sys.executable, "-c", launcher, _BUSY_JOB, str(threads)], env=env, check=True,
+                             capture_output=True, text=True).stdout)
+    try:
+        time.sleep(1.0)  # (torch's import: the load starts before the first timing)
+        yield f"a {threads}-thread job beside it (torch float32 768×768 matrix products in a loop, pid {pid})"
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def peak_rss_mb(pid: int | str = "self") -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -386,6 +387,36 @@ def test_a_result_says_what_else_ran_beside_it(monkeypatch, tmp_path, capsys):
     assert "not alone" in capsys.readouterr().err
     monkeypatch.setattr(common, "_cpu_seconds", lambda: (55.0, 24.0))  # 5 s busy, 4 of them its own: 0.2 cores
     assert common.machine_load()["alone"] is True
+
+
+def test_a_job_beside_a_benchmark_runs_while_asked_and_counts_as_another_process():
+    """Issue 64's loaded runs (benchmarks.plaid --beside): the job beside is not this run's child, so
+    machine_load counts its CPU as another process's, and it is gone after the block."""
+    import os
+    import re
+
+    from benchmarks.common import _cpu_seconds, busy_beside
+
+    with busy_beside(1) as said:
+        pid = int(re.search(r"pid (\d+)", said).group(1))
+        os.kill(pid, 0)  # running
+        busy0, own0 = _cpu_seconds()
+        time.sleep(2.0)
+        busy1, own1 = _cpu_seconds()
+    assert (busy1 - busy0) - (own1 - own0) > 1.0  # its CPU is another process's
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":  # ended, not yet reaped by its new parent
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the job beside (pid {pid}) still runs")
+    with busy_beside(0) as said:
+        assert said is None
 
 
 def test_the_encoding_cache_sweeps_a_killed_builders_shards_not_a_live_ones(tmp_path, monkeypatch, tiny_encoder):
