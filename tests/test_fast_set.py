@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+ONE_MOUNTS_TEST = "test_a_full_disk_breaks_no_read_answers_507_and_the_next_write_succeeds"
 
 
 def _collected(*args: str) -> tuple[int, int]:
@@ -24,12 +25,14 @@ def _collected(*args: str) -> tuple[int, int]:
 
 def test_a_slow_file_named_on_the_command_line_is_not_deselected():
     # CI's PyLate step ran `pytest tests/test_export_pylate.py`: both its tests deselected, pytest's exit 5.
-    assert _collected("tests/test_export_pylate.py") == (2, 0)
-    assert _collected("tests/test_export_pylate.py::test_shipped_model_encodes_alike_in_pylate") == (1, 0)
+    # (test_mounts.py: a slow file that every environment collects; the PyLate one skips where PyLate is absent)
+    every = _collected("tests/test_mounts.py", "--full")[0]
+    assert every >= 2 and _collected("tests/test_mounts.py") == (every, 0)
+    assert _collected("tests/test_mounts.py::" + ONE_MOUNTS_TEST) == (1, 0)
 
 
 @pytest.mark.slow  # collects every test file, twice (~30 s)
 def test_a_slow_file_is_deselected_when_only_its_folder_is_named():
-    kept, left = _collected("tests", "-k", "export_pylate")
+    kept, left = _collected("tests", "-k", "test_mounts")
     assert kept == 0 and left >= 2
-    assert _collected("tests", "-k", "export_pylate", "--full")[0] == 2
+    assert _collected("tests", "-k", "test_mounts", "--full")[0] >= 2
