@@ -138,15 +138,22 @@ def _pool_rows(r: dict, part: dict) -> Iterable[dict]:
 def _read_verification_rows(r: dict, part: dict) -> Iterable[dict]:
     rows, ratio = r["rows"], r["ratio_verified_over_mapped"]
 
-    def cell(kind: str, digits: int) -> str:
+    def cell(kind: str, digits: int, target: bool = True) -> str:
+        if kind not in ratio:  # (a row this run did not time)
+            return "—"
         a, b = rows["mapped"][kind]["median_ms"], rows["verified"][kind]["median_ms"]
-        mark = "" if ratio[kind] <= 1.10 else " **over 1.10**"
+        mark = "" if ratio[kind] <= 1.10 or not target else " **over 1.10**"
         return f"{a:.{digits}f} → {b:.{digits}f} ({ratio[kind]:.3f}×){mark}"
 
+    load = r.get("machine", {}).get("load")
+    alone = "" if load is None else (" (alone)" if load["alone"] else
+                                     f" (not alone: others used {load['other_processes_cpu_cores']} cores)")
     yield {"index": f"{r['passages']:,} of the pool's {r['of_pool']:,} passages, {r['queries']} questions × "
                     f"{r['rounds']} rounds, {r['threads']} thread(s)",
            "passage": cell("passage", 1), "sentence": cell("sentence", 1), "get": cell("get", 3),
-           "load": f"{r['load_average_before'][0]}, {r['load_average_after'][0]}"}
+           "http_get": cell("GET /passages", 2), "filtered": cell("filtered passage", 1),
+           "fresh": cell("fresh filter mask", 1, False), "first": cell("first filter of a generation", 0, False),
+           "load": f"{r['load_average_before'][0]}, {r['load_average_after'][0]}{alone}"}
 
 
 ROWS = {"serve_phases": _serve_phases, "read_verification_rows": _read_verification_rows, "suite_parts": _suite_parts, "e5_kinds": _e5_kinds,
