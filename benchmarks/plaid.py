@@ -226,6 +226,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--beside", type=int, default=0, metavar="THREADS",
                         help="time the searches with a second job of THREADS threads beside them (issue 64: the "
                              "ratio to PLAID on a loaded machine; default 0: nothing beside)")
+    parser.add_argument("--per-hit", type=int, default=None,
+                        help="the AGRaME row's per_hit (default: the index's, as the model's settings built it)")
     parser.add_argument("--choose-budget", action="store_true",
                         help="instead of a dataset's rows: choose top 100's per_hit on SQuAD *train* beside PLAID "
                              "on the same questions, by the rule written down before (CHOOSE_RULE in this file)")
@@ -267,7 +269,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     plaid = plaid_search(searcher)
 
     def agrame(q: torch.Tensor, k: int) -> List[int]:
-        return [int(h.passage_id) for h in ours.search_vectors(q, None, "passage", k)]
+        return [int(h.passage_id) for h in ours.search_vectors(q, None, "passage", k, per_hit=args.per_hit)]
 
     def agrame_matched(q: torch.Tensor, k: int) -> List[int]:
         # PLAID's exact-scoring budget: it decompresses ndocs/4 passages (64 at k=10, 256 at k=100).
@@ -325,7 +327,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                              "metrics": summarize(per_question["agrame"]),
                              "search_ms_k10": stats(times["agrame"][10]), "search_ms_k100": stats(times["agrame"][100]),
                              "sentence_search_ms_k10": stats(sentence_ms),
-                             "settings": dict(ours.defaults._asdict()),
+                             "settings": {**ours.defaults._asdict(),
+                                          **({"per_hit": args.per_hit} if args.per_hit else {})},
                              "num_centroids": ours.store.codec.num_centroids}},
               "note": "search only: query vectors encoded beforehand by AGRaME ([Q], no [MASK] padding) and given "
                       "to both; passage granularity; index bytes exclude the passage text (AGRaME's passages.jsonl, "
