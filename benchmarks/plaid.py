@@ -199,7 +199,7 @@ def choose_budget(args, vectors: PoolVectors, ours: Index, plaid) -> None:
     bar = rows["plaid"]["top100_overlap_vs_float16"]
     ok = [ph for ph in PER_HITS if rows[f"per_hit {ph}"]["top100_overlap_vs_float16"] >= bar]
     chosen = min(ok) if ok else None
-    result = {"benchmark": "plaid", "what": "choose top 100's exact-scoring budget", "model": encoder.source,
+    result = {"benchmark": "plaid-budget", "what": "choose top 100's exact-scoring budget", "model": encoder.source,
               "fingerprint": encoder.fingerprint()[:12], "threads": args.threads,
               "data": f"SQuAD train, {len(questions)} questions (one per paragraph, seed {args.seed}) over the pool",
               "rule": CHOOSE_RULE, "rows": rows, "chosen_per_hit": chosen,

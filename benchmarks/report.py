@@ -156,7 +156,16 @@ def _read_verification_rows(r: dict, part: dict) -> Iterable[dict]:
            "load": f"{r['load_average_before'][0]}, {r['load_average_after'][0]}{alone}"}
 
 
-ROWS = {"serve_phases": _serve_phases, "read_verification_rows": _read_verification_rows, "suite_parts": _suite_parts, "e5_kinds": _e5_kinds,
+def _budget_rows(r: dict, part: dict) -> Iterable[dict]:
+    for name, row in r["rows"].items():
+        chosen = name == f"per_hit {r['chosen_per_hit']}"
+        yield {"name": f"**{name}** (chosen)" if chosen else name, **row,
+               "data": r["data"], "threads": r["threads"],
+               "load": "alone" if r["machine"]["load"]["alone"] else
+               f"not alone ({r['machine']['load']['other_processes_cpu_cores']} cores)"}
+
+
+ROWS = {"budget_rows": _budget_rows, "serve_phases": _serve_phases, "read_verification_rows": _read_verification_rows, "suite_parts": _suite_parts, "e5_kinds": _e5_kinds,
         "export_formats": _export_formats, "plaid_systems": _plaid_systems, "pool_rows": _pool_rows}
 
 
@@ -356,7 +365,7 @@ RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     kind: {"open_domain": render_open_domain, "citation": render_citation}.get(kind, lambda rs, k=kind: render(k, rs))
     for kind in ("evidence", "open_domain", "cross_domain", "atomic_facts", "marker_choice", "speed", "segmentation",
                  "citation", "citation-latency", "teachers", "serve_load", "lifecycle", "fault", "hardening", "safety",
-                 "safety-suite", "read-verification", "scale_out", "e5", "export_parity", "batch_search",
+                 "safety-suite", "read-verification", "plaid-budget", "scale_out", "e5", "export_parity", "batch_search",
                  "pool_methods")}
 
 
