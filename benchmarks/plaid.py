@@ -212,6 +212,31 @@ def choose_budget(args, vectors: PoolVectors, ours: Index, plaid) -> None:
         print(f"stored with the model: {store_with_model(args.model, 'search', search)}")
 
 
+def time_systems(systems, questions, encoded, ours: Index, harness, args):
+    """Every question through every system, alternately (the same machine state for all): per-question metrics,
+    search ms at k = 100 (every question) and k = 10 (the first ``--latency-queries``), AGRaME's sentence top 10."""
+    per_question: Dict[str, list] = {name: [] for name in systems}
+    times: Dict[str, Dict[int, List[float]]] = {name: {10: [], 100: []} for name in systems}
+    sentence_ms: List[float] = []  # AGRaME's sentence top 10 (the issue's "sentence k = 10 ≤ PLAID ÷ 2")
+    for n, (q, (qv, sv)) in enumerate(tqdm(list(zip(questions, encoded)), desc=f"{args.dataset}", disable=None)):
+        for name, search in systems.items():  # alternately, so both see the same machine state
+            t = time.perf_counter()
+            ranked = search(qv, 100)
+            times[name][100].append(1000 * (time.perf_counter() - t))
+            metrics = judge(args.dataset, harness, q, ranked, [], ranked)
+            metrics["psg_r100"] = metrics.pop("first_stage_r100")
+            per_question[name].append({k: v for k, v in metrics.items() if k.startswith("psg")})
+            if n < args.latency_queries:
+                t = time.perf_counter()
+                search(qv, 10)
+                times[name][10].append(1000 * (time.perf_counter() - t))
+        if n < args.latency_queries:
+            t = time.perf_counter()
+            ours.search_vectors(qv, sv, "sentence", 10)
+            sentence_ms.append(1000 * (time.perf_counter() - t))
+    return per_question, times, sentence_ms
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="squad-a1", help="a model with a projection (colbert-ai needs one)")
@@ -280,25 +305,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     systems = {"plaid": plaid, "agrame": agrame, "agrame-matched": agrame_matched}
     plaid(encoded[0][0], 100)  # compiles colbert-ai's C++ extensions outside the timings
     with busy_beside(args.beside) as load_job:  # (nothing beside by default)
-        per_question: Dict[str, list] = {name: [] for name in systems}
-        times: Dict[str, Dict[int, List[float]]] = {name: {10: [], 100: []} for name in systems}
-        sentence_ms: List[float] = []  # AGRaME's sentence top 10 (the issue's "sentence k = 10 ≤ PLAID ÷ 2")
-        for n, (q, (qv, sv)) in enumerate(tqdm(list(zip(questions, encoded)), desc=f"{args.dataset}", disable=None)):
-            for name, search in systems.items():  # alternately, so both see the same machine state
-                t = time.perf_counter()
-                ranked = search(qv, 100)
-                times[name][100].append(1000 * (time.perf_counter() - t))
-                metrics = judge(args.dataset, harness, q, ranked, [], ranked)
-                metrics["psg_r100"] = metrics.pop("first_stage_r100")
-                per_question[name].append({k: v for k, v in metrics.items() if k.startswith("psg")})
-                if n < args.latency_queries:
-                    t = time.perf_counter()
-                    search(qv, 10)
-                    times[name][10].append(1000 * (time.perf_counter() - t))
-            if n < args.latency_queries:
-                t = time.perf_counter()
-                ours.search_vectors(qv, sv, "sentence", 10)
-                sentence_ms.append(1000 * (time.perf_counter() - t))
+        per_question, times, sentence_ms = time_systems(systems, questions, encoded, ours, harness, args)
 
     def stats(ms: List[float]) -> dict:
         return {"median": round(statistics.median(ms), 1), "p95": round(float(np.percentile(ms, 95)), 1),
