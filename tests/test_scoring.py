@@ -204,3 +204,39 @@ def test_padded_maxsim_keeps_every_tensor_on_its_device():
         out = scoring.padded_maxsim(q, torch.ones(2, 3, dtype=torch.bool, device="meta"), docs,
                                     torch.ones(5, 6, dtype=torch.bool, device="meta"), docs_per_chunk=2)
     assert out.shape == (2, 5) and out.device.type == "meta"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 40), st.integers(1, 8), st.integers(1, 12), st.booleans(),
+       st.integers(0, 2**31 - 1))
+def test_segment_max_by_runs_matches_naive_loop_and_scatter(lq, runs, n_seg, longest, float64, seed):
+    # Ids in runs (passages, sentences with [CLS]/marker tokens at −1 between them), a segment
+    # possibly in several runs or in none, −inf entries: the run-wise max equals a naive loop's and
+    # the token-wise scatter's bit for bit.
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, longest + 1, (runs,), generator=g)
+    run_ids = torch.randint(-1, n_seg, (runs,), generator=g)
+    seg = torch.repeat_interleave(run_ids, lengths)
+    sim = torch.randn(lq, int(lengths.sum()), generator=g, dtype=torch.float64 if float64 else torch.float32)
+    sim[torch.rand(sim.shape, generator=g) < 0.1] = float("-inf")
+    got = scoring.segment_max(sim, seg, n_seg)
+    out = torch.full((lq, n_seg), float("-inf"), dtype=sim.dtype)
+    scattered = out.scatter_reduce(1, seg.clamp_min(0).unsqueeze(0).expand(lq, -1),
+                                   torch.where(seg >= 0, sim, torch.tensor(float("-inf"), dtype=sim.dtype)),
+                                   reduce="amax", include_self=True)
+    assert torch.equal(got, scattered)
+    for s in range(n_seg):
+        cols = (seg == s).nonzero().flatten()
+        for i in range(lq):
+            expected = float("-inf") if cols.numel() == 0 else float(sim[i, cols].max())
+            assert float(got[i, s]) == expected
+
+
+def test_segment_max_takes_the_run_path_for_passages():
+    # Long runs in order (one a passage) go through numpy's reduceat; a random order through the scatter.
+    sim = torch.randn(3, 400)
+    seg = torch.repeat_interleave(torch.arange(8), 50)
+    assert scoring._segment_max_by_runs(sim, seg, 8) is not None
+    assert scoring._segment_max_by_runs(sim, seg[torch.randperm(400)], 8) is None
+    assert torch.equal(scoring.segment_max(sim, seg, 8), torch.stack([sim[:, k * 50:(k + 1) * 50].amax(1)
+                                                                       for k in range(8)], 1))
