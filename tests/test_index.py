@@ -485,6 +485,45 @@ def test_lazily_decompressed_vectors_score_as_the_decompressed_corpus(tmp_path, 
         assert torch.equal(a.sentence, b.sentence)
 
 
+def test_chunks_scored_on_two_threads_score_as_on_one(tmp_path, tiny_encoder, monkeypatch):
+    # With torch's threads at 2, lazily decompressed chunks are scored on a pool of 2 (agrame.ranker):
+    # the same scores bit for bit, and spans in the same order, as one thread gives.
+    import threading
+
+    from agrame import scoring
+    from agrame.index.codec import CompressedVectors
+    from agrame.ranker import score_corpus
+
+    passages = [Passage(f"p{i}", t) for i, t in enumerate(TEXTS)]
+    build_index(tiny_encoder, passages, tmp_path / "ix", progress=False)
+    store = Index(tmp_path / "ix", model=tiny_encoder).store
+    corpus = store.corpus(np.array([3, 0, 2, 1]), lazy=True)
+    monkeypatch.setattr(CompressedVectors, "chunk_tokens", 4)
+    table = {p: [((0, 8),), ((2, 14), (16, 20))] for p in range(4)}
+    q = tiny_encoder.encode_query("coral reef", "Q").vectors
+    s = tiny_encoder.encode_query("coral reef", "Q'").vectors
+    threads = set()
+    similarity = scoring.similarity
+    monkeypatch.setattr(scoring, "similarity",
+                        lambda *a, **k: threads.add(threading.current_thread().name) or similarity(*a, **k))
+    before = torch.get_num_threads()
+    try:
+        for granularity, sub in (("passage", None), ("sentence", s), ("sentence", q), ("span", s)):
+            torch.set_num_threads(1)
+            one = score_corpus(q, sub, corpus, granularity, span_table=table)
+            assert not any(name.startswith("agrame-score") for name in threads)
+            torch.set_num_threads(2)
+            two = score_corpus(q, sub, corpus, granularity, span_table=table)
+            assert any(name.startswith("agrame-score") for name in threads)
+            threads.clear()
+            assert torch.equal(one.passage, two.passage)
+            if granularity == "sentence":
+                assert torch.equal(one.sentence, two.sentence)
+            assert one.spans == two.spans and (granularity != "span" or len(one.spans) == 8)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_one_query_for_both_scores_sentences_and_passages_as_two_queries_do(tmp_path, tiny_encoder, monkeypatch):
     # score_corpus with one query tensor for passage and sentence takes the passage maxima from the
     # sentences' (scoring.nested_segment_maxsim); handed an equal copy it scores tokens twice as before:
