@@ -55,12 +55,17 @@ _STARTED = (time.time(), *_cpu_seconds(), os.getloadavg())
 NOT_ALONE_CORES = 0.25
 
 
-def machine_load() -> dict:
+def load_snapshot() -> tuple:
+    """A starting point for :func:`machine_load` (a part of a run, e.g. one condition of several)."""
+    return (time.time(), *_cpu_seconds(), os.getloadavg())
+
+
+def machine_load(since: Optional[tuple] = None) -> dict:
     """What else ran while this benchmark did (issue 64: a loaded machine doubled one side's latency and no run said
     so): the load average when it started and now, and the CPU the *other* processes used meanwhile, in cores
     (the machine's busy CPU time minus this process's and its children's, over the wall time). A child is
     counted as this run's once waited for: workers it leaves running (Ray's) count as other processes."""
-    began, busy0, own0, load0 = _STARTED
+    began, busy0, own0, load0 = _STARTED if since is None else since
     busy1, own1 = _cpu_seconds()
     wall = max(time.time() - began, 1e-6)
     others = max(0.0, (busy1 - busy0) - (own1 - own0)) / wall

@@ -165,7 +165,16 @@ def _budget_rows(r: dict, part: dict) -> Iterable[dict]:
                f"not alone ({r['machine']['load']['other_processes_cpu_cores']} cores)"}
 
 
-ROWS = {"budget_rows": _budget_rows, "serve_phases": _serve_phases, "read_verification_rows": _read_verification_rows, "suite_parts": _suite_parts, "e5_kinds": _e5_kinds,
+def _openmp_rows(r: dict, part: dict) -> Iterable[dict]:
+    for condition in r["conditions"]:
+        load = condition["load"]
+        for setting, ms in condition["ms"].items():
+            yield {"condition": condition["beside"], "setting": setting, **{k.replace(" ", "_"): v for k, v in ms.items()},
+                   "load": f"other processes {load['other_processes_cpu_cores']} cores",
+                   "data": f"{r['dataset']}, {r['sample']['questions']} questions, {r['threads']} threads"}
+
+
+ROWS = {"openmp_rows": _openmp_rows, "budget_rows": _budget_rows, "serve_phases": _serve_phases, "read_verification_rows": _read_verification_rows, "suite_parts": _suite_parts, "e5_kinds": _e5_kinds,
         "export_formats": _export_formats, "plaid_systems": _plaid_systems, "pool_rows": _pool_rows}
 
 
@@ -365,7 +374,7 @@ RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     kind: {"open_domain": render_open_domain, "citation": render_citation}.get(kind, lambda rs, k=kind: render(k, rs))
     for kind in ("evidence", "open_domain", "cross_domain", "atomic_facts", "marker_choice", "speed", "segmentation",
                  "citation", "citation-latency", "teachers", "serve_load", "lifecycle", "fault", "hardening", "safety",
-                 "safety-suite", "read-verification", "plaid-budget", "scale_out", "e5", "export_parity", "batch_search",
+                 "safety-suite", "read-verification", "plaid-budget", "openmp_wait", "scale_out", "e5", "export_parity", "batch_search",
                  "pool_methods")}
 
 
