@@ -23,17 +23,25 @@ from .render import (CITATION_SETS, DERIVED, SORTS, SOURCES, SPECS, TEXT, Ctx, l
                      citation_model, commands, fill, fmt, is_squad_a1, join, method_key, provenance, table)
 
 
+def _shipped_per_hit() -> int:
+    """The default model's ``search.per_hit`` (what an index built with it uses), else the index format's."""
+    from agrame.index.format import SearchSettings
+    from agrame.loading import DEFAULT_MODEL, named_models
+
+    search = json.loads((named_models()[DEFAULT_MODEL] / "agrame.json").read_text()).get("search") or {}
+    return int(search.get("per_hit", SearchSettings().per_hit))
+
+
 def _frontier_split(c: Ctx) -> Dict[str, str]:
     """A frontier row's index on each reported split: the full-protocol ``index_search run`` of the same model
     (fingerprint) and bit width, at the shipped per_hit where there is one; "–" where none ran."""
-    from agrame.index.format import SearchSettings
-
     row, out = c["x"], {}
+    shipped = _shipped_per_hit()
     for dataset, questions in (("squad-dev", 2000), ("nq-oracle", 2655)):
         runs = [x for x in c["all"] if "what" not in x and x.get("dataset") == dataset and row.get("nbits", 16) < 16
                 and x.get("fingerprint") == row["fingerprint"] and x["sample"]["questions"] == questions
                 and x.get("first_stage", "").startswith(f"agrame compressed index, {row['nbits']}-bit")]
-        x = max(runs, key=lambda x: (x["search"].get("per_hit") == SearchSettings().per_hit, x.get("date", "")),
+        x = max(runs, key=lambda x: (x["search"].get("per_hit") == shipped, x.get("date", "")),
                 default=None)
         out[dataset] = "–" if x is None else fill("{psg_p1:p} / {psg_r100:p} / {sent_p1:p}", x["metrics"])
     return out

@@ -153,6 +153,27 @@ def test_a_metadata_row_read_after_an_edit_is_refused_not_returned(built, tiny_m
     assert index.get("p1")["metadata"]["source"] == "wiki"
 
 
+def test_a_search_hit_with_an_edited_metadata_row_is_refused_not_returned(built, tiny_model_dir):
+    # A search reads its hits' metadata rows in one query (Index.with_metadata): each row is checked as
+    # Index.get checks it, and the same answers come back once the row is put back.
+    index = Index(built, model=str(tiny_model_dir))
+    hits = index.search("coral", "passage", top_k=len(index))
+    assert {h.passage_id: h.metadata for h in hits} == {h.passage_id: index.metadata(h.passage_id) for h in hits}
+    assert hits[0].metadata is not hits[-1].metadata and any(h.metadata for h in hits)
+    db = _file(built, "meta.sqlite")
+    at = db.read_bytes().find(b'{"source": "wiki", "n": 1}') + 1  # p1's row
+    assert at > 0
+    _mapped_edit(db, at + 11)
+    index.store.meta.reopen()
+    with pytest.raises(IndexDamagedError) as caught:
+        index.search("coral", "passage", top_k=len(index))
+    assert caught.value.file == "meta.sqlite" and "digest" in str(caught.value)
+    _mapped_edit(db, at + 11)
+    index.check_unchanged()
+    assert [(h.passage_id, h.metadata) for h in index.search("coral", "passage", top_k=len(index))] == \
+        [(h.passage_id, h.metadata) for h in hits]
+
+
 def test_a_filter_is_answered_from_checked_rows_never_from_an_edited_field_row(built, tiny_model_dir):
     """SQLite answers a filter from the ``fields`` rows, which no read returns (so no row check sees them): an
     edit there let a passage through a filter it fails, or kept one out. A verified reader answers filters from

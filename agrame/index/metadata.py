@@ -646,6 +646,24 @@ class MetadataDB:
             raise RowDamaged(f"the row of position {pos} {'is missing' if not rows else 'was changed'}")
         return json.loads(rows[0][2]) if rows and rows[0][2] else {}
 
+    def checked_rows(self, positions: Sequence[int]) -> Dict[int, Tuple[str, Dict[str, Any]]]:
+        """:meth:`metadata` of many positions in one query: ``{pos: (id, metadata)}``, each row checked
+        as :meth:`metadata` checks it (a search's hits: one query instead of one a hit)."""
+        crcs = self.row_crcs
+        out: Dict[int, Tuple[str, Dict[str, Any]]] = {}
+        positions = sorted({int(p) for p in positions})
+        for lo in range(0, len(positions), 500):
+            part = positions[lo:lo + 500]
+            for row in self._query(f"SELECT pos, id, meta FROM passages WHERE pos IN ({', '.join('?' * len(part))})",
+                                   part):
+                if crcs is not None and row[0] < len(crcs) and _row_crc(row) != int(crcs[row[0]]):
+                    raise RowDamaged(f"the row of position {row[0]} was changed")
+                out[row[0]] = (row[1], json.loads(row[2]) if row[2] else {})
+        missing = [p for p in positions if p not in out and crcs is not None and p < len(crcs)]
+        if missing:
+            raise RowDamaged(f"the row of position {missing[0]} is missing")
+        return out
+
     def rows(self, positions: Sequence[int]) -> List[Tuple[int, str, Optional[dict]]]:
         """``(pos, id, metadata)`` of the given positions, in that order."""
         found = {}

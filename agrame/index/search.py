@@ -146,6 +146,20 @@ class Index(BaseIndex):
             self.store.damaged_lookup(passage_id)
         return {**record, "metadata": self.store.metadata(position)}
 
+    def with_metadata(self, hits: List) -> List:
+        """:meth:`BaseIndex.with_metadata` with every hit's metadata read in one lookup (two SQLite queries for
+        a top 100 instead of a record and two queries a hit)."""
+        if self.store is None:
+            return super().with_metadata(hits)
+        wanted = {h.passage_id for h in hits if getattr(h, "metadata", {}) is None}
+        if not wanted:
+            return hits
+        found = self.store.metadata_by_id(sorted(wanted))
+        for k, h in enumerate(hits):
+            if h.metadata is None:
+                hits[k] = h._replace(metadata=dict(found.get(h.passage_id, {})))
+        return hits
+
     def sentence_spans(self, passage_id: str) -> List[Tuple[int, int]]:
         """The sentence spans the index holds for a live passage (what its sentence hits and run
         ids are made of); ValueError for an unknown id."""
