@@ -10,7 +10,8 @@ import sys as _sys
 # OpenMP threads that finish their share of a parallel region spin, waiting for the next one (libgomp's
 # OMP_WAIT_POLICY=ACTIVE behaviour by default). A search is many small regions: with another job on the machine
 # the spinning thread takes the core the working one needs, and passage top 100 ran 2.5-5x slower on 2 loaded
-# cores than with the threads sleeping instead (issue 64; benchmarks.plaid --beside measures both). libgomp
+# cores than with the threads sleeping instead (issue 64; benchmarks.openmp_wait measures the settings idle and
+# beside a second job: benchmarks/README.md, "OpenMP's wait policy"). libgomp
 # reads the variable once, when torch loads it: this works when agrame is imported before torch, and a value
 # the user set is kept.
 if "torch" not in _sys.modules:

@@ -182,7 +182,17 @@ def _openmp_rows(r: dict, part: dict) -> Iterable[dict]:
                    "data": f"{r['dataset']}, {r['sample']['questions']} questions, {r['threads']} threads"}
 
 
-ROWS = {"openmp_rows": _openmp_rows, "budget_rows": _budget_rows, "serve_phases": _serve_phases, "read_verification_rows": _read_verification_rows, "suite_parts": _suite_parts, "e5_kinds": _e5_kinds,
+def _codec_rows(r: dict, part: dict) -> Iterable[dict]:
+    for row in r["rows"]:
+        loss = row.get("loss_vs_2bit", {})
+        name = f"**{row['codec']}** (chosen)" if row["codec"] == r["chosen"] else row["codec"]
+        yield {"name": name, "residual": row["residual_bytes_per_token"], "bytes": row["bytes_per_original_token"],
+               "psg": row["metrics"]["psg_p1"], "sent": row["metrics"]["sent_p1"], "r100": row["metrics"]["psg_r100"],
+               "loss": f"{loss.get('psg_p1', '–')} / {loss.get('sent_p1', '–')}",
+               "under": "yes" if row["bytes_per_original_token"] <= 20.0 else "no"}
+
+
+ROWS = {"codec_rows": _codec_rows, "openmp_rows": _openmp_rows, "budget_rows": _budget_rows, "serve_phases": _serve_phases, "read_verification_rows": _read_verification_rows, "suite_parts": _suite_parts, "e5_kinds": _e5_kinds,
         "export_formats": _export_formats, "plaid_systems": _plaid_systems, "pool_rows": _pool_rows}
 
 
@@ -382,7 +392,7 @@ RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     kind: {"open_domain": render_open_domain, "citation": render_citation}.get(kind, lambda rs, k=kind: render(k, rs))
     for kind in ("evidence", "open_domain", "cross_domain", "atomic_facts", "marker_choice", "speed", "segmentation",
                  "citation", "citation-latency", "teachers", "serve_load", "lifecycle", "fault", "hardening", "safety",
-                 "safety-suite", "read-verification", "plaid-budget", "openmp_wait", "scale_out", "e5", "export_parity", "batch_search",
+                 "safety-suite", "read-verification", "plaid-budget", "openmp_wait", "residual_codecs", "scale_out", "e5", "export_parity", "batch_search",
                  "pool_methods")}
 
 
