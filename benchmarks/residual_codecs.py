@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -116,6 +116,36 @@ def reconstruct(spec: Codec, index_codec, original, codes: np.ndarray, sample: n
     return table, book
 
 
+def score_codec(spec: Codec, store, codes: np.ndarray, original, sample: np.ndarray, position_of_row: np.ndarray,
+                evaluate, rest: int, seed: int) -> dict:
+    """One codec's row: its reconstructions put in place of the store's residuals for the exact stage, the
+    questions ranked (``evaluate``), the store's own codec put back."""
+    real_codec, real_residuals = store.codec, store.residuals
+    start = time.perf_counter()
+    table, book = reconstruct(spec, real_codec, original, codes, sample)
+    # the exact stage reads store.residuals[rows] and codec.decompress(codes, that): rows map to table rows
+    store.codec, store.residuals = TableVectors(real_codec, table), position_of_row.reshape(-1, 1)
+    try:
+        if spec.kind == "scalar" and spec.nbits == real_codec.nbits:
+            check = np.random.default_rng(seed).choice(len(codes), 4096, replace=False)
+            got = store.codec.decompress(codes[position_of_row[check]], position_of_row[check])
+            want = real_codec.decompress(np.asarray(store.codes[check]), np.asarray(real_residuals[check]))
+            if not torch.equal(got, want):
+                raise SystemExit("error: the table's 2-bit vectors are not the index's decompressed ones")
+        coded_seconds = time.perf_counter() - start
+        metrics = evaluate(spec.name)
+    finally:
+        store.codec, store.residuals = real_codec, real_residuals
+    original_tokens = int(store.num_tokens)
+    residual_bytes = spec.bytes_per_token(real_codec.dim)
+    row = {"codec": spec.name, "kind": spec.kind, "nbits": spec.nbits, "m": spec.m,
+           "residual_bytes_per_token": residual_bytes, "codebook_bytes": book,
+           "bytes_per_original_token": round((rest + residual_bytes * original_tokens + book) / original_tokens, 2),
+           "code_seconds": round(coded_seconds, 1), "metrics": metrics}
+    print(json.dumps(row), file=sys.stderr, flush=True)
+    return row
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     from .common import command_line, write_result
     from .data import load_pool
@@ -158,39 +188,20 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     settings = SearchSettings(**{**index.defaults._asdict(), **shipped})
     # what a residual codec does not change: the index's files without its residuals
     rest = store.bytes(include_text=False) - store.manifest["files"]["residuals.bin"]["size"]
-    original_tokens = int(store.num_tokens)
-    real_codec, real_residuals = store.codec, store.residuals
     position_of_row = np.zeros(len(store.codes), dtype=np.int64)
     position_of_row[rows_in_order] = np.arange(len(rows_in_order))
-    rows: List[dict] = []
-    for spec in (c for c in CODECS if c.name in args.codecs):
-        start = time.perf_counter()
-        table, book = reconstruct(spec, real_codec, original, codes, sample)
-        # the exact stage reads store.residuals[rows] and codec.decompress(codes, that): rows map to table rows
-        store.codec, store.residuals = TableVectors(real_codec, table), position_of_row.reshape(-1, 1)
-        if spec.kind == "scalar" and spec.nbits == real_codec.nbits:
-            check = np.random.default_rng(args.seed).choice(len(rows_in_order), 4096, replace=False)
-            got = store.codec.decompress(codes[position_of_row[check]], position_of_row[check])
-            want = real_codec.decompress(np.asarray(store.codes[check]), np.asarray(real_residuals[check]))
-            if not torch.equal(got, want):
-                raise SystemExit("error: the table's 2-bit vectors are not the index's decompressed ones")
-        coded_seconds = time.perf_counter() - start
+    def evaluate(label: str) -> dict:
         per = []
-        for k, q in enumerate(tqdm(questions, desc=spec.name, disable=None)):
+        for k, q in enumerate(tqdm(questions, desc=label, disable=None)):
             passages, sentences = index_rankings(index, *encoded[k], encoder.settings.alpha, settings,
                                                  harness.sent_starts, vectors.spans)
             m = judge("squad-dev", harness, q, passages, sentences, passages)  # SQuAD's gold rule (answer_start)
             m["psg_r100"] = m.pop("first_stage_r100")
             per.append(m)
-        store.codec, store.residuals = real_codec, real_residuals
-        del table
-        residual_bytes = spec.bytes_per_token(real_codec.dim)
-        rows.append({"codec": spec.name, "kind": spec.kind, "nbits": spec.nbits, "m": spec.m,
-                     "residual_bytes_per_token": residual_bytes, "codebook_bytes": book,
-                     "bytes_per_original_token": round((rest + residual_bytes * original_tokens + book)
-                                                       / original_tokens, 2),
-                     "code_seconds": round(coded_seconds, 1), "metrics": summarize(per)})
-        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        return summarize(per)
+
+    rows = [score_codec(spec, store, codes, original, sample, position_of_row, evaluate, rest, args.seed)
+            for spec in CODECS if spec.name in args.codecs]
     base = next((r for r in rows if r["codec"] == CODECS[0].name), None)
     for r in rows:
         if base is not None:

@@ -640,11 +640,7 @@ class MetadataDB:
     def metadata(self, pos: int) -> Dict[str, Any]:
         """The metadata of position ``pos``, its row checked against :attr:`row_crcs` when the file was verified
         (:class:`RowDamaged` otherwise)."""
-        rows = self._query("SELECT pos, id, meta FROM passages WHERE pos = ?", (int(pos),))
-        crcs = self.row_crcs
-        if crcs is not None and pos < len(crcs) and (not rows or _row_crc(rows[0]) != int(crcs[pos])):
-            raise RowDamaged(f"the row of position {pos} {'is missing' if not rows else 'was changed'}")
-        return json.loads(rows[0][2]) if rows and rows[0][2] else {}
+        return self.checked_rows([pos]).get(int(pos), (None, {}))[1]
 
     def checked_rows(self, positions: Sequence[int]) -> Dict[int, Tuple[str, Dict[str, Any]]]:
         """:meth:`metadata` of many positions in one query: ``{pos: (id, metadata)}``, each row checked
