@@ -61,11 +61,14 @@ class EncoderSettings:
     #: ``per_hit``; ``python -m benchmarks.index_search choose``): an index built with it records them.
     #: None: the package's (:class:`agrame.index.SearchSettings`).
     search: Optional[Dict[str, int]] = None
+    #: The residual codec an index built with this model uses unless told otherwise ("2bit", "pq16x6":
+    #: :func:`agrame.index.codec.parse_residuals`; chosen by ``benchmarks.residual_codecs``' rule).
+    residuals: str = "2bit"
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)
         # written only when set: a model (and an index's record of it) from before them reads the same
-        for name, unset in (("pool_factor", 1), ("search", None)):
+        for name, unset in (("pool_factor", 1), ("search", None), ("residuals", "2bit")):
             if data[name] == unset:
                 del data[name]
         return data
@@ -87,6 +90,12 @@ class EncoderSettings:
             self.pool_factor = check_pool_factor(self.pool_factor)
         except ValueError as exc:
             raise ModelError(f"pool_factor: {exc}") from None
+        from .index.codec import residuals_name
+
+        try:
+            self.residuals = residuals_name(self.residuals)
+        except ValueError as exc:
+            raise ModelError(f"residuals: {exc}") from None
         if self.search is not None and (
                 not isinstance(self.search, dict) or set(self.search) - {"nprobe", "ncandidates", "per_hit"}
                 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in self.search.values())):

@@ -76,9 +76,28 @@ class PoolVectors:
             self._corpus.vectors = self._corpus.vectors.float()
         return self._corpus
 
-    def index_path(self, nbits: int, pool_factor=1) -> Path:
+    def index_path(self, nbits, pool_factor=1) -> Path:
         suffix = "" if pool_factor == 1 else f"-p{pool_factor:g}"
-        return cache_root() / f"index-pool-{self.encoder.fingerprint()[:12]}-{_hash(self.pool.texts)}-{nbits}b{suffix}"
+        return cache_root() / f"index-pool-{self.encoder.fingerprint()[:12]}-{_hash(self.pool.texts)}-{_bits(nbits)}{suffix}"
+
+
+def _bits(nbits) -> str:
+    """A residual codec in file names: ``2b`` (2 bits a dimension, the names cached results have), ``pq16x6``."""
+    from agrame.index.codec import parse_residuals
+
+    kind, bits, m = parse_residuals(nbits)
+    return f"pq{m}x{bits}" if kind == "pq" else f"{bits}b"
+
+
+def codec_arg(value: str):
+    """``--nbits``: 1, 2, 4, 8 bits a dimension or ``pqMxB`` (:func:`agrame.index.codec.parse_residuals`)."""
+    from agrame.index.codec import parse_residuals
+
+    try:
+        kind, bits, m = parse_residuals(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return bits if kind == "scalar" else f"pq{m}x{bits}"
 
 
 def _exact_rankings_files(dataset: str, tag: Optional[str]) -> List[Path]:
@@ -226,7 +245,7 @@ def cmd_run(args) -> None:
                                       args.per_hit or index.defaults.per_hit)
             rank = lambda k: index_rankings(index, *encoded[k], alpha, settings, harness.sent_starts,  # noqa: E731
                                             vectors.spans)
-            info.update({"first_stage": f"agrame compressed index, {args.nbits}-bit residuals"
+            info.update({"first_stage": f"agrame compressed index, {_bits(args.nbits)} residuals"
                                         + (f", tokens pooled by {args.pool_factor:g}" if args.pool_factor != 1 else ""),
                          "pool_factor": args.pool_factor,
                          "search": settings._asdict(), "num_centroids": index.store.codec.num_centroids})
@@ -240,7 +259,7 @@ def cmd_run(args) -> None:
         metrics["psg_r100"] = metrics.pop("first_stage_r100")
         per_question.append(metrics)
     seconds = search_seconds + time.perf_counter() - start
-    name = f"index_search-{args.dataset}-{args.first_stage}" + (f"-{args.nbits}b" if args.first_stage == "agrame" else "")
+    name = f"index_search-{args.dataset}-{args.first_stage}" + (f"-{_bits(args.nbits)}" if args.first_stage == "agrame" else "")
     if args.limit:
         name += f"-s{args.limit}"
     rankings_file = cache_root() / f"{_tagged(name, args)}-rankings.json"
@@ -285,7 +304,7 @@ def cmd_build(args) -> None:
         path, timing = build(vectors, nbits, overwrite=args.overwrite, pool_factor=args.pool_factor)
         report = {**size_report(path, vectors.corpus().num_tokens, vectors.encoder.dim), **timing,
                   "codec": json.loads((path / "manifest.json").read_text())["codec"]}
-        out = write_result(_tagged(f"index_search-size-{nbits}b", args), {"benchmark": "index_search", "what": "size",
+        out = write_result(_tagged(f"index_search-size-{_bits(nbits)}", args), {"benchmark": "index_search", "what": "size",
                                                             "model": vectors.encoder.source, "nbits": nbits,
                                                             "pool_passages": len(vectors.pool), **report},
                            None, command_line("benchmarks.index_search", ["build", "--nbits", str(nbits)] + _model_args(args)
@@ -444,7 +463,7 @@ def cmd_choose(args) -> None:
                       "(per_hit = its ncandidates / 100); nprobe = the larger of the two",
               "codec_only": ref_sizes, "grid": rows, "chosen_sentence": best_s, "chosen_passage": best_p,
               "chosen": chosen}
-    out = write_result(_tagged(f"index_search-choose-{args.nbits}b", args), result, None,
+    out = write_result(_tagged(f"index_search-choose-{_bits(args.nbits)}", args), result, None,
                        command_line("benchmarks.index_search", ["choose", *args.argv]))
     print(f"chosen: {chosen} → {out}")
     if args.store and chosen:
@@ -485,7 +504,7 @@ def cmd_latency(args) -> None:
               "ms_with_query_encoding": {"median": pct(total, 50), "p95": pct(total, 95)},
               "ms_search_only": {"median": pct(search_only, 50), "p95": pct(search_only, 95)},
               "peak_rss_mb": peak_rss_mb()}
-    out = write_result(_tagged(f"index_search-latency-{args.nbits}b", args), result, None,
+    out = write_result(_tagged(f"index_search-latency-{_bits(args.nbits)}", args), result, None,
                        command_line("benchmarks.index_search", ["latency", *args.argv]))
     print(result, "→", out)
 
@@ -680,7 +699,7 @@ def cmd_pool_latency(args) -> None:
               "ms_search_only": ms,
               "ratio_to_factor_" + first: {f: {case: round(v[case]["median"] / ms[first][case]["median"], 3)
                                                 for case in v} for f, v in ms.items()}}
-    out = write_result(_tagged(f"index_search-pool-latency-{args.nbits}b", args), result, None,
+    out = write_result(_tagged(f"index_search-pool-latency-{_bits(args.nbits)}", args), result, None,
                        command_line("benchmarks.index_search", ["pool-latency", *args.argv]))
     print(json.dumps(result, indent=1), "→", out)
 
@@ -757,7 +776,7 @@ def cmd_engine(args) -> None:
                          "rss_over_index_size": round(engine_mb * 2 ** 20 / disk, 3),
                          "how": "resident memory after the first pass (every case, shipped) minus before the index was "
                                 "opened (model and query vectors loaded before); memory-mapped pages read count"}}
-    out = write_result(_tagged(f"index_search-engine-{args.nbits}b", args), result, None,
+    out = write_result(_tagged(f"index_search-engine-{_bits(args.nbits)}", args), result, None,
                        command_line("benchmarks.index_search", ["engine", *args.argv]))
     print(json.dumps(result, indent=1), "→", out)
 
@@ -818,7 +837,7 @@ def cmd_stages(args) -> None:
                                         for m, r in recall.items()},
               "ms_candidates_128": {m: round(float(np.median(v)), 2) for m, v in ms.items()},
               "ms_compressed_stage_128_passages": {m: round(float(np.median(v)), 2) for m, v in compressed.items()}}
-    out = write_result(_tagged(f"index_search-stages-{args.nbits}b", args), result, None,
+    out = write_result(_tagged(f"index_search-stages-{_bits(args.nbits)}", args), result, None,
                        command_line("benchmarks.index_search", ["stages", *args.argv]))
     print(json.dumps(result, indent=1), "→", out)
 
@@ -1062,7 +1081,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="compress the cached pool encodings and report sizes")
-    b.add_argument("--nbits", type=int, nargs="+", default=[2, 4])
+    b.add_argument("--nbits", type=codec_arg, nargs="+", default=[2, 4])
     b.add_argument("--overwrite", action="store_true")
     r = sub.add_parser("run", help="full-corpus retrieval metrics")
     r.add_argument("--dataset", required=True, choices=("squad-dev", "nq-oracle"))
@@ -1071,7 +1090,7 @@ def main(argv=None) -> None:
                         "dot product over the single vectors of every passage and sentence (--baseline-model)")
     r.add_argument("--baseline-model", default=None,
                    help="single-vector model (all-MiniLM-L6-v2 by default; e5-small: multilingual-e5-small)")
-    r.add_argument("--nbits", type=int, default=2)
+    r.add_argument("--nbits", type=codec_arg, default=2)
     r.add_argument("--nprobe", type=int, default=None)
     r.add_argument("--ncandidates", type=int, default=None)
     r.add_argument("--per-hit", type=int, default=None,
@@ -1082,28 +1101,28 @@ def main(argv=None) -> None:
     r.add_argument("--pool-limit", type=int, default=None,
                    help="smoke tests only: the sample's gold passages and this many other pool passages")
     c = sub.add_parser("choose", help="choose nprobe/ncandidates on SQuAD train questions")
-    c.add_argument("--nbits", type=int, default=2)
+    c.add_argument("--nbits", type=codec_arg, default=2)
     c.add_argument("--limit", type=int, default=100)
     c.add_argument("--store", action="store_true",
                    help="write the choice into the shipped model's settings (agrame/models/NAME/agrame.json)")
     la = sub.add_parser("latency", help="median/p95 ms per sentence query")
-    la.add_argument("--nbits", type=int, default=2)
+    la.add_argument("--nbits", type=codec_arg, default=2)
     la.add_argument("--limit", type=int, default=300)
     la.add_argument("--threads", type=int, default=2)
     en = sub.add_parser("engine", help="search-only ms at passage k=10/100 and sentence k=10, the engine before "
                                        "beside (one run), and the engine's memory")
-    en.add_argument("--nbits", type=int, default=2)
+    en.add_argument("--nbits", type=codec_arg, default=2)
     en.add_argument("--limit", type=int, default=200)
     en.add_argument("--threads", type=int, default=2)
     sg = sub.add_parser("stages", help="candidate generation: centroid pruning beside lookup tables (WARP), on "
                                        "SQuAD train questions")
-    sg.add_argument("--nbits", type=int, default=2)
+    sg.add_argument("--nbits", type=codec_arg, default=2)
     sg.add_argument("--limit", type=int, default=100)
     sg.add_argument("--threads", type=int, default=2)
     fr = sub.add_parser("frontier", help="bytes per token against P@1/R@100 of models x residual bits, beside "
                                          "each model's float16 scan (SQuAD train)")
     fr.add_argument("--models", nargs="+", default=list(FRONTIER_MODELS))
-    fr.add_argument("--nbits", type=int, nargs="+", default=list(FRONTIER_NBITS))
+    fr.add_argument("--nbits", type=codec_arg, nargs="+", default=list(FRONTIER_NBITS))
     fr.add_argument("--limit", type=int, default=300)
     fr.add_argument("--seed", type=int, default=0)
     fr.add_argument("--threads", type=int, default=1)
@@ -1125,14 +1144,14 @@ def main(argv=None) -> None:
     po = sub.add_parser("pooling", help="token pooling's frontier: pool factors x residual bits on SQuAD train, "
                                         "and the shipped factor by its rule")
     po.add_argument("--factors", type=_factor, nargs="+", default=list(POOL_FACTORS))
-    po.add_argument("--nbits", type=int, nargs="+", default=list(POOL_NBITS))
+    po.add_argument("--nbits", type=codec_arg, nargs="+", default=list(POOL_NBITS))
     po.add_argument("--limit", type=int, default=1000)
     po.add_argument("--threads", type=int, default=1)
     po.add_argument("--store", action="store_true",
                     help="write the chosen factor into the shipped model's settings (agrame/models/NAME/agrame.json)")
     pl = sub.add_parser("pool-latency", help="search-only ms of the pool's index at several pool factors, one run")
     pl.add_argument("--factors", type=_factor, nargs="+", default=[1, 2])
-    pl.add_argument("--nbits", type=int, default=2)
+    pl.add_argument("--nbits", type=codec_arg, default=2)
     pl.add_argument("--limit", type=int, default=200)
     pl.add_argument("--threads", type=int, default=2)
     for p in (po, pl):
@@ -1143,7 +1162,7 @@ def main(argv=None) -> None:
     bt = sub.add_parser("build-time", help="pooled-index build time of several models, in one run")
     bt.add_argument("--models", nargs="+", required=True, help="multi-vector models; ratios are to the first")
     bt.add_argument("--passages", type=int, default=1000, help="pool passages encoded per model (seeded sample)")
-    bt.add_argument("--nbits", type=int, default=2)
+    bt.add_argument("--nbits", type=codec_arg, default=2)
     bt.add_argument("--threads", type=int, default=2)
     bt.add_argument("--seed", type=int, default=0)
     bt.add_argument("--out", default=None, help="result file (default: benchmarks/results/…)")

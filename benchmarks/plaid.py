@@ -42,12 +42,13 @@ import torch
 from tqdm import tqdm
 
 from agrame.index import Index, Store
+from agrame.index.store import default_residuals
 
 from .common import busy_beside, command_line, sample, write_result
 from .data import load_questions
 from .encodings import cache_root
 from .index_search import PoolVectors, encode_queries
-from .index_search import build as build_agrame
+from .index_search import build as build_agrame, codec_arg
 from .metrics import summarize
 from .open_domain import judge
 from .rerank import Harness
@@ -253,6 +254,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                              "ratio to PLAID on a loaded machine; default 0: nothing beside)")
     parser.add_argument("--per-hit", type=int, default=None,
                         help="the AGRaME row's per_hit (default: the index's, as the model's settings built it)")
+    parser.add_argument("--nbits", type=codec_arg, default=None,
+                        help="the AGRaME index's residual codec (2, pq16x6, …; default: the model's own)")
     parser.add_argument("--choose-budget", action="store_true",
                         help="instead of a dataset's rows: choose top 100's per_hit on SQuAD *train* beside PLAID "
                              "on the same questions, by the rule written down before (CHOOSE_RULE in this file)")
@@ -281,7 +284,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     searcher = Searcher(index=str(index_dir), checkpoint=str(ckpt), collection=list(vectors.pool.texts),
                         config=ColBERTConfig(load_index_with_mmap=False), verbose=0)
-    ours_path, _ = build_agrame(vectors, 2)
+    args.nbits = default_residuals(encoder, args.nbits)
+    ours_path, _ = build_agrame(vectors, args.nbits)
     vectors._corpus = None
     ours = Index(ours_path, model=encoder)
     if args.choose_budget:
@@ -336,11 +340,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                              "sentence_search_ms_k10": stats(sentence_ms),
                              "settings": {**ours.defaults._asdict(),
                                           **({"per_hit": args.per_hit} if args.per_hit else {})},
-                             "num_centroids": ours.store.codec.num_centroids}},
+                             "num_centroids": ours.store.codec.num_centroids,
+                             "residuals": ours.store.codec.name}},
               "note": "search only: query vectors encoded beforehand by AGRaME ([Q], no [MASK] padding) and given "
                       "to both; passage granularity; index bytes exclude the passage text (AGRaME's passages.jsonl, "
                       "colbert-ai keeps none); colbert-ai's build ran on cached vectors, its time beside other jobs"}
     name = f"plaid-{args.dataset}" + (f"-s{args.limit}" if args.limit else "") + (f"-{args.tag}" if args.tag else "") \
+        + (f"-{ours.store.codec.name}" if ours.store.codec.name != "2bit" else "") \
         + (f"-beside{args.beside}" if args.beside else "")
     path = write_result(name, result, args.out, command_line("benchmarks.plaid", args.argv))
     print(json.dumps({k: {m: v[m] for m in ("bytes_per_token", "metrics", "search_ms_k10", "search_ms_k100")}

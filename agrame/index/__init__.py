@@ -32,13 +32,15 @@ DEFAULT_FORMAT = 2
 
 
 def build_index(encoder: Encoder, passages: Sequence[PassageLike], path: str | Path, *, format: int = DEFAULT_FORMAT,
-                nbits: int = 2, batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
+                nbits=None, batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
                 progress: bool = True, sentences: Optional[Sequence] = None,
                 codec: Optional[ResidualCodec] = None, lock_timeout: float = 0.0, pool_factor=None) -> Path:
     """Encode ``passages`` into an index folder at ``path``, atomically: a new folder under a temporary
     name renamed into place, or (``overwrite``) an existing index replaced as a new generation.
 
-    ``format=2`` compresses (``nbits`` ∈ {1, 2, 4, 8}); ``format=1`` writes float16 vectors.
+    ``format=2`` compresses: ``nbits`` bits a dimension of each token's residual (1, 2, 4, 8) or a product
+    quantizer of it, ``"pqMxB"`` (``M`` sub-vectors of ``B`` bits, e.g. ``"pq16x6"``: 12 bytes a 128-d token);
+    None: the model's own (its settings' ``residuals``), else 2 bits. ``format=1`` writes float16 vectors.
     ``pool_factor`` (format 2): keep about one vector per ``pool_factor`` tokens, pooled within each
     sentence (:mod:`agrame.pooling`); 1 keeps one per token; None: the model's own (its settings'
     ``pool_factor``: the shipped default model's is chosen by ``benchmarks.index_search pooling``).

@@ -1,5 +1,13 @@
-"""Residual codec (ColBERTv2 §3): a token is its nearest centroid plus a residual quantised
-to ``nbits`` per dimension.
+"""Residual codecs: a token is its nearest centroid plus a coded residual.
+
+:class:`ResidualCodec` (ColBERTv2 §3) quantises the residual to ``nbits`` per dimension;
+:class:`ProductCodec` codes it by product quantization (Jégou et al., 2011): ``m`` sub-vectors of
+``d/m`` dimensions, each the nearest of ``2^nbits`` codewords (``"pq16x6"``: 12 bytes a token at
+d = 128, where 2 bits a dimension take 32). Both expose the same interface — ``compress``,
+``decompress``, ``assign``, and the lookup tables of :mod:`.lut` — so the store, writer and search
+never ask which one they hold.
+
+For :class:`ResidualCodec`:
 
 Bucket cut-offs are the quantiles ``1/B … (B-1)/B`` of all residual values (B = 2^nbits,
 one set shared by every dimension) and each bucket is reconstructed as the quantile at
@@ -19,6 +27,31 @@ import numpy as np
 import torch
 
 NBITS = (1, 2, 4, 8)
+#: Bits of one product-quantizer code (codes are packed; 6 bits: four codes in three bytes).
+PQ_NBITS = (4, 6, 8)
+
+
+def parse_residuals(spec) -> Tuple[str, int, int]:
+    """A residual codec as users name it → ``(kind, nbits, m)``: an int (or ``"2"``, ``"2bit"``) is the
+    scalar codec at that many bits a dimension (m = 0); ``"pqMxB"`` is ``M`` sub-vectors of ``B`` bits."""
+    text = str(spec).strip().lower()
+    if text.startswith("pq"):
+        parts = text[2:].split("x")
+        if len(parts) == 2 and all(p.isdigit() for p in parts) and int(parts[1]) in PQ_NBITS and int(parts[0]) > 0 \
+                and int(parts[0]) * int(parts[1]) % 8 == 0:
+            return "pq", int(parts[1]), int(parts[0])
+        raise ValueError(f"residual codec {spec!r}: write pqMxB with B in {PQ_NBITS} and M·B a multiple of 8 "
+                         "(whole bytes a token; e.g. pq16x6)")
+    text = text[:-3] if text.endswith("bit") else text
+    if text.isdigit() and int(text) in NBITS:
+        return "scalar", int(text), 0
+    raise ValueError(f"residual codec {spec!r}: bits a dimension must be one of {NBITS}, or pqMxB (e.g. pq16x6)")
+
+
+def residuals_name(spec) -> str:
+    """The canonical name of a residual codec: ``"2bit"``, ``"pq16x6"``."""
+    kind, nbits, m = parse_residuals(spec)
+    return f"pq{m}x{nbits}" if kind == "pq" else f"{nbits}bit"
 
 
 def num_centroids(num_tokens: int) -> int:
@@ -90,24 +123,18 @@ class ResidualCodec:
     def code_dtype(self) -> np.dtype:
         return np.dtype(np.uint16) if self.num_centroids <= 1 << 16 else np.dtype(np.int32)
 
+    kind = "scalar"
+
+    @property
+    def name(self) -> str:
+        return f"{self.nbits}bit"
+
     @classmethod
     def train(cls, sample: np.ndarray, num_centroids: int, nbits: int = 2, *, niter: int = 8,
               seed: int = 0, heldout: float = 0.05) -> "ResidualCodec":
         """Spherical k-means (faiss) on a token sample, then bucket quantiles from the residuals of
         a held-out slice of it (residuals of the training points themselves are optimistically small)."""
-        import faiss
-
-        sample = np.ascontiguousarray(sample, dtype=np.float32)
-        n, d = sample.shape
-        rng = np.random.default_rng(seed)
-        order = rng.permutation(n)
-        n_held = max(1, int(n * heldout)) if n > 1 else 0
-        held, train = sample[order[:n_held]], sample[order[n_held:]] if n_held < n else sample
-        k = max(1, min(num_centroids, train.shape[0]))
-        kmeans = faiss.Kmeans(d, k, niter=niter, seed=seed, spherical=True, verbose=False,
-                              min_points_per_centroid=1, max_points_per_centroid=1 << 30)
-        kmeans.train(train)
-        centroids = kmeans.centroids.astype(np.float16)
+        centroids, held, train = _kmeans(sample, num_centroids, niter=niter, seed=seed, heldout=heldout)
         codec = cls(centroids, np.zeros((1 << nbits) - 1), np.zeros(1 << nbits), nbits)
         residuals = (held if len(held) else train) - codec._centroids32[codec.assign(held if len(held) else train)]
         values = residuals.ravel()
@@ -116,27 +143,33 @@ class ResidualCodec:
         weights = np.quantile(values, (np.arange(buckets) + 0.5) / buckets).astype(np.float32)
         return cls(centroids, cutoffs, weights, nbits)
 
-    def assign(self, vectors: np.ndarray) -> np.ndarray:
-        """Nearest centroid (max inner product) of each vector: exact for small codebooks; above
-        4,096 centroids an inverted file over the centroids themselves (√K lists, 16 probed),
-        which visits a small share of the centroids per token. A near-nearest centroid only
-        widens that token's residual (its effect is inside the measured codec error)."""
-        import faiss
+    def state(self) -> dict:
+        """What rebuilds this codec (:func:`codec_from_state`): arrays and ints only (``np.savez``, Ray)."""
+        return {"kind": self.kind, "centroids": self.centroids, "cutoffs": self.cutoffs, "weights": self.weights,
+                "nbits": self.nbits}
 
-        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    def residual_files(self) -> dict:
+        """The store files that hold this codec beside ``centroids.f16``: name → bytes."""
+        return {"buckets.f32": np.concatenate([self.cutoffs, self.weights]).astype("<f4").tobytes()}
+
+    def lookup_tables(self, queries: torch.Tensor) -> torch.Tensor:
+        """``[L, d]`` query tokens → ``[L, G, 256]``: ``T[i, g, v]`` is query token ``i``'s dot product with
+        the residual dimensions that byte value ``v`` encodes at byte position ``g`` (:mod:`.lut`)."""
+        per_byte = 8 // self.nbits
+        queries = _check_queries(queries, self.dim)
+        byte_values = torch.from_numpy(self._byte_table_np)  # [256, per_byte]
+        return torch.einsum("igk,vk->igv", queries.reshape(len(queries), self.dim // per_byte, per_byte),
+                            byte_values).contiguous()
+
+    def lookup_codes(self, packed: np.ndarray) -> np.ndarray:
+        """Stored residual rows → the table columns they read: a packed byte is its own column."""
+        return np.asarray(packed)
+
+    def assign(self, vectors: np.ndarray) -> np.ndarray:
+        """Nearest centroid of each vector (:func:`_assign`)."""
         if self._assigner is None:
-            if self.num_centroids > 4096:
-                nlist = int(2 ** np.ceil(np.log2(np.sqrt(self.num_centroids))))
-                index = faiss.IndexIVFFlat(faiss.IndexFlatIP(self.dim), self.dim, nlist, faiss.METRIC_INNER_PRODUCT)
-                index.cp.seed = 0
-                index.train(self._centroids32)
-                index.nprobe = 16
-            else:
-                index = faiss.IndexFlatIP(self.dim)
-            index.add(self._centroids32)
-            self._assigner = index
-        _, ids = self._assigner.search(vectors, 1)
-        return ids[:, 0].astype(np.int64)
+            self._assigner = _assigner(self._centroids32)
+        return _assign(self._assigner, vectors)
 
     def compress(self, vectors: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """``[n, d]`` unit vectors → (centroid ids ``[n]``, packed residuals ``[n, d·nbits/8]`` uint8)."""
@@ -162,6 +195,230 @@ class ResidualCodec:
         if normalize and n:
             vectors /= vectors.norm(dim=1, keepdim=True).clamp_min_(1e-12)
         return vectors
+
+
+def _kmeans(sample: np.ndarray, num_centroids: int, *, niter: int, seed: int, heldout: float):
+    """Spherical k-means (faiss) on a token sample less a held-out slice: (float16 centroids, held, train)."""
+    import faiss
+
+    sample = np.ascontiguousarray(sample, dtype=np.float32)
+    n, d = sample.shape
+    order = np.random.default_rng(seed).permutation(n)
+    n_held = max(1, int(n * heldout)) if n > 1 else 0
+    held, train = sample[order[:n_held]], sample[order[n_held:]] if n_held < n else sample
+    k = max(1, min(num_centroids, train.shape[0]))
+    kmeans = faiss.Kmeans(d, k, niter=niter, seed=seed, spherical=True, verbose=False,
+                          min_points_per_centroid=1, max_points_per_centroid=1 << 30)
+    kmeans.train(train)
+    return kmeans.centroids.astype(np.float16), held, train
+
+
+def _assigner(centroids32: np.ndarray):
+    """Exact search for small codebooks; above 4,096 centroids an inverted file over the centroids
+    themselves (√K lists, 16 probed), which visits a small share of the centroids per token. A
+    near-nearest centroid only widens that token's residual (its effect is inside the measured codec error)."""
+    import faiss
+
+    num, dim = centroids32.shape
+    if num > 4096:
+        nlist = int(2 ** np.ceil(np.log2(np.sqrt(num))))
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        index.cp.seed = 0
+        index.train(centroids32)
+        index.nprobe = 16
+    else:
+        index = faiss.IndexFlatIP(dim)
+    index.add(centroids32)
+    return index
+
+
+def _assign(assigner, vectors: np.ndarray) -> np.ndarray:
+    """Nearest centroid (max inner product) of each vector."""
+    _, ids = assigner.search(np.ascontiguousarray(vectors, dtype=np.float32), 1)
+    return ids[:, 0].astype(np.int64)
+
+
+def _check_queries(queries: torch.Tensor, dim: int) -> torch.Tensor:
+    queries = queries.float()
+    if queries.shape[-1] != dim:
+        raise ValueError(f"queries have dimension {queries.shape[-1]}, the codec {dim}")
+    return queries
+
+
+def pack_codes(codes: np.ndarray, nbits: int) -> np.ndarray:
+    """``[n, m]`` codes < 2^nbits → ``[n, m·nbits/8]`` bytes, big-endian bit order (first code in the high
+    bits). 4 and 8 bits as :func:`pack_bits`; 6 bits: each 3 bytes hold 4 codes."""
+    codes = np.asarray(codes)
+    n, m = codes.shape
+    if nbits != 6:
+        return pack_bits(codes, nbits)
+    if m % 4:
+        raise ValueError(f"{m} codes of 6 bits are not a whole number of bytes (m must be a multiple of 4)")
+    v = codes.astype(np.uint32).reshape(n, m // 4, 4)
+    word = (v[:, :, 0] << 18) | (v[:, :, 1] << 12) | (v[:, :, 2] << 6) | v[:, :, 3]
+    return np.stack([word >> 16, word >> 8, word], axis=2).astype(np.uint8).reshape(n, 3 * m // 4)
+
+
+def unpack_codes(packed: np.ndarray, nbits: int, m: int) -> np.ndarray:
+    """Inverse of :func:`pack_codes`: ``[n, m·nbits/8]`` bytes → ``[n, m]`` uint8 codes."""
+    packed = np.asarray(packed)
+    if nbits != 6:
+        return unpack_bits(packed, nbits, m)
+    b = packed.reshape(len(packed), m // 4, 3).astype(np.uint32)
+    word = (b[:, :, 0] << 16) | (b[:, :, 1] << 8) | b[:, :, 2]
+    return ((word[:, :, None] >> np.array([18, 12, 6, 0], dtype=np.uint32)) & 63).astype(np.uint8).reshape(len(packed), m)
+
+
+@dataclass
+class ProductCodec:
+    """Centroids ``[K, d]`` (float16, unit length) and a product quantizer of the residuals: ``m``
+    codebooks of ``2^nbits`` codewords ``[m, 2^nbits, d/m]`` (float32), trained by faiss's k-means."""
+
+    centroids: np.ndarray  # [K, d] float16
+    codebooks: np.ndarray  # [m, 2^nbits, d/m] float32
+    nbits: int
+
+    kind = "pq"
+    #: A codebook is trained on held-out residuals when there are this many per codeword (faiss's own
+    #: minimum for a warning-free k-means); a smaller sample trains on every residual it has.
+    POINTS_PER_CODEWORD = 39
+
+    def __post_init__(self) -> None:
+        if self.nbits not in PQ_NBITS:
+            raise ValueError(f"nbits must be one of {PQ_NBITS} for product quantization, got {self.nbits}")
+        self.centroids = np.ascontiguousarray(self.centroids, dtype=np.float16)
+        self.codebooks = np.ascontiguousarray(self.codebooks, dtype=np.float32)
+        m, ksub, dsub = self.codebooks.shape
+        if ksub != 1 << self.nbits or m * dsub != self.dim or (m * self.nbits) % 8 or (self.nbits == 6 and m % 4):
+            raise ValueError(f"codebooks {list(self.codebooks.shape)} do not fit d = {self.dim} at {self.nbits} bits "
+                             "(m must divide d, and m·nbits fill whole bytes)")
+        self._centroids32 = self.centroids.astype(np.float32)
+        # codeword j of sub-vector s is row s·2^nbits + j: decoding is one gather of m rows per token
+        self._flat_codebooks = self.codebooks.reshape(m * ksub, dsub)
+        self._offsets = (np.arange(m, dtype=np.int64) * ksub)
+        self._norms = torch.from_numpy((self.codebooks ** 2).sum(axis=2))  # [m, ksub]
+        self._assigner = None
+
+    @property
+    def m(self) -> int:
+        return int(self.codebooks.shape[0])
+
+    @property
+    def name(self) -> str:
+        return f"pq{self.m}x{self.nbits}"
+
+    @property
+    def dim(self) -> int:
+        return int(self.centroids.shape[1])
+
+    @property
+    def centroids32(self) -> np.ndarray:
+        return self._centroids32
+
+    @property
+    def num_centroids(self) -> int:
+        return int(self.centroids.shape[0])
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.m * self.nbits // 8
+
+    @property
+    def code_dtype(self) -> np.dtype:
+        return np.dtype(np.uint16) if self.num_centroids <= 1 << 16 else np.dtype(np.int32)
+
+    @classmethod
+    def train(cls, sample: np.ndarray, num_centroids: int, nbits: int = 6, m: int = 16, *, niter: int = 8,
+              seed: int = 0, heldout: float = 0.05) -> "ProductCodec":
+        """Spherical k-means for the centroids (as :meth:`ResidualCodec.train`), then faiss's product
+        quantizer trained on the residuals of the held-out slice (of every sample token, if that slice is
+        too small for ``2^nbits`` codewords a sub-vector)."""
+        import faiss
+
+        centroids, held, train = _kmeans(sample, num_centroids, niter=niter, seed=seed, heldout=heldout)
+        dim = centroids.shape[1]
+        if dim % m:
+            raise ValueError(f"pq{m}x{nbits}: {m} sub-vectors do not divide d = {dim}")
+        ksub = 1 << nbits
+        assign = _assigner(centroids.astype(np.float32))
+        points = held if len(held) >= cls.POINTS_PER_CODEWORD * ksub else np.concatenate([held, train])
+        residuals = points - centroids.astype(np.float32)[_assign(assign, points)]
+        if len(residuals) < ksub:  # a tiny index: repeated points give repeated (never nearer) codewords
+            residuals = np.resize(residuals, (ksub, dim))
+        pq = faiss.ProductQuantizer(dim, m, nbits)
+        pq.cp.seed = seed
+        pq.cp.max_points_per_centroid = 1 << 30
+        pq.cp.min_points_per_centroid = 1  # (the choice of points above is ours: no warning for a small index)
+        pq.train(np.ascontiguousarray(residuals, dtype=np.float32))
+        codebooks = faiss.vector_to_array(pq.centroids).reshape(m, ksub, dim // m)
+        return cls(centroids, codebooks, nbits)
+
+    def state(self) -> dict:
+        return {"kind": self.kind, "centroids": self.centroids, "codebooks": self.codebooks, "nbits": self.nbits}
+
+    def residual_files(self) -> dict:
+        return {"pq.f32": self.codebooks.astype("<f4").tobytes()}
+
+    def assign(self, vectors: np.ndarray) -> np.ndarray:
+        if self._assigner is None:
+            self._assigner = _assigner(self._centroids32)
+        return _assign(self._assigner, vectors)
+
+    def quantize(self, residuals: np.ndarray, chunk: int = 1 << 16) -> np.ndarray:
+        """``[n, d]`` residuals → ``[n, m]`` codes: each sub-vector's nearest codeword (L2)."""
+        residuals = np.asarray(residuals, dtype=np.float32)
+        out = np.empty((len(residuals), self.m), dtype=np.uint8)
+        books = torch.from_numpy(self.codebooks)
+        for lo in range(0, len(residuals), chunk):
+            r = torch.from_numpy(np.ascontiguousarray(residuals[lo:lo + chunk])).reshape(-1, self.m, self.dim // self.m)
+            # ‖r − c‖² = ‖r‖² − 2 r·c + ‖c‖²; ‖r‖² is the same for every codeword of a sub-vector
+            distance = self._norms - 2 * torch.einsum("nsk,svk->nsv", r, books)
+            out[lo:lo + chunk] = distance.argmin(dim=2).numpy()
+        return out
+
+    def compress(self, vectors: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """``[n, d]`` unit vectors → (centroid ids ``[n]``, packed codes ``[n, m·nbits/8]`` uint8)."""
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[1] != self.dim:
+            raise ValueError(f"expected [n, {self.dim}] vectors, got {list(vectors.shape)}")
+        codes = self.assign(vectors) if len(vectors) else np.zeros(0, dtype=np.int64)
+        return codes.astype(self.code_dtype), pack_codes(self.quantize(vectors - self._centroids32[codes]), self.nbits)
+
+    def decompress(self, codes: np.ndarray, packed: np.ndarray, normalize: bool = True) -> torch.Tensor:
+        """Centroid + the codewords of each token's sub-vectors: ``[n, d]`` float32 tensor."""
+        n = len(codes)
+        rows = unpack_codes(packed, self.nbits, self.m).astype(np.int64) + self._offsets
+        out = np.take(self._centroids32, np.asarray(codes, dtype=np.int64), axis=0)
+        out += np.take(self._flat_codebooks, rows.reshape(-1), axis=0).reshape(n, self.dim)
+        vectors = torch.from_numpy(out)
+        if normalize and n:
+            vectors /= vectors.norm(dim=1, keepdim=True).clamp_min_(1e-12)
+        return vectors
+
+    def lookup_tables(self, queries: torch.Tensor) -> torch.Tensor:
+        """``[L, d]`` → ``[L, m, 2^nbits]``: query token ``i``'s dot product with codeword ``v`` of sub-vector ``s``."""
+        queries = _check_queries(queries, self.dim)
+        return torch.einsum("isk,svk->isv", queries.reshape(len(queries), self.m, self.dim // self.m),
+                            torch.from_numpy(self.codebooks)).contiguous()
+
+    def lookup_codes(self, packed: np.ndarray) -> np.ndarray:
+        return unpack_codes(packed, self.nbits, self.m)
+
+
+def codec_from_state(state) -> "ResidualCodec | ProductCodec":
+    """:meth:`ResidualCodec.state` / :meth:`ProductCodec.state` (a dict or an ``np.load`` archive) → the codec."""
+    kind = str(state["kind"]) if "kind" in state else "scalar"  # (saved before product codecs existed)
+    if kind == "pq":
+        return ProductCodec(state["centroids"], state["codebooks"], int(state["nbits"]))
+    return ResidualCodec(state["centroids"], state["cutoffs"], state["weights"], int(state["nbits"]))
+
+
+def train_codec_of(spec, sample: np.ndarray, num_centroids: int, *, niter: int = 8, seed: int = 0):
+    """The codec ``spec`` names (:func:`parse_residuals`) trained on ``sample``."""
+    kind, nbits, m = parse_residuals(spec)
+    if kind == "pq":
+        return ProductCodec.train(sample, num_centroids, nbits, m, niter=niter, seed=seed)
+    return ResidualCodec.train(sample, num_centroids, nbits, niter=niter, seed=seed)
 
 
 class CompressedVectors:

@@ -30,13 +30,14 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from ..corpus import Passage
-from .codec import ResidualCodec
+from .codec import ResidualCodec, codec_from_state
 from .format import IndexFolderError, model_block
 from .lock import build_lock
 from .base import BaseIndex, PassageCount
 from .sharded import (SearchResults, ShardedWrites, ShardUnavailableError, commit_new, merge_hits, route, shard_of,
                       write_sharded)
-from .store import CompressedBlock, compress_block, default_pool_factor, train_codec, write_blocks
+from .store import (CompressedBlock, compress_block, default_pool_factor, default_residuals, train_codec,
+                    write_blocks)
 from .writer import check_passages
 
 #: Passages per block: the unit of work of an actor, of a retry and of a resume (an unsharded
@@ -136,7 +137,7 @@ class EncodeBlocks:
         torch.set_num_threads(max(1, threads))
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self.encoder = _encoder(model, device)
-        self.codec = ResidualCodec(**codec_state)
+        self.codec = codec_from_state(codec_state)
         self.batch_size, self.store_offsets, self.crash_once = batch_size, store_offsets, crash_once
         self.pool_factor = pool_factor
 
@@ -178,7 +179,7 @@ def _passage(record: dict) -> Passage:
 
 
 def _codec_state(codec: ResidualCodec) -> dict:
-    return {"centroids": codec.centroids, "cutoffs": codec.cutoffs, "weights": codec.weights, "nbits": codec.nbits}
+    return codec.state()
 
 
 def _fingerprint(passages: Sequence[Passage], shards: int, block: int, nbits: int, model: dict,
@@ -208,7 +209,7 @@ class WorkFolder:
         try:
             plan = json.loads((self.root / "plan.json").read_text())
             with np.load(self.root / "codec.npz") as z:
-                codec = ResidualCodec(z["centroids"], z["cutoffs"], z["weights"], int(z["nbits"]))
+                codec = codec_from_state(z)
         except (OSError, ValueError, KeyError) as exc:
             raise IndexFolderError(f"{self.root}: nothing to resume ({exc}); build without --resume") from None
         if plan.get("fingerprint") != fingerprint:
@@ -240,7 +241,7 @@ def _key(shard: int, block: int) -> str:
 
 
 def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *, address: Optional[str] = None,
-                   workers: Optional[int] = None, shards: Optional[int] = None, nbits: int = 2,
+                   workers: Optional[int] = None, shards: Optional[int] = None, nbits=None,
                    batch_size: int = 16, block_passages: int = BLOCK_PASSAGES, overwrite: bool = False,
                    resume: bool = False, codec: Optional[ResidualCodec] = None, seed: int = 0,
                    store_offsets: bool = False, lock_timeout: float = 0.0, progress: bool = True,
@@ -278,6 +279,7 @@ def build_with_ray(model, passages: Sequence[Passage], path: Union[str, Path], *
         actors, gpus, cpus = default_workers(ray, workers, resource_wait)
         encoder = _encoder(model)
         pool_factor = default_pool_factor(encoder, pool_factor)
+        nbits = default_residuals(encoder, nbits)
         model_info = model_block(encoder)
         work = WorkFolder(path)
         fingerprint = _fingerprint(passages, num_shards, block_passages, nbits, model_info,
@@ -655,6 +657,7 @@ class RayShardedIndex(ShardedWrites, BaseIndex):
                "has_spans": any(m.get("has_spans") for m in ms),
                "num_passages": sum(int(m["num_passages"]) for m in ms),
                "num_deleted": sum(int(m.get("num_deleted", 0)) for m in ms), "nbits": ms[0].get("nbits"),
+               **({"pq_subvectors": ms[0]["pq_subvectors"]} if "pq_subvectors" in ms[0] else {}),
                "num_tokens": sum(int(m.get("num_tokens", 0)) for m in ms),
                "num_sentences": sum(int(m.get("num_sentences", 0)) for m in ms)}
         if missing:  # counts of the shards that answered only

@@ -139,10 +139,20 @@ def _is_int(value, low: int = 0, high: int = 1 << 62) -> bool:
 MANIFEST_FIELDS = {"format", "generation", "agrame_version", "created", "updated", "model", "dim", "nbits",
                    "num_centroids", "code_dtype", "codec", "num_passages", "num_tokens", "num_sentences", "has_spans",
                    "token_offsets", "files", "search", "ivf_generation", "tombstones", "num_deleted", "metadata",
-                   "store", "checksum", "vectors_dtype", "metadata_digest", "pool_factor", "num_original_tokens"}
+                   "store", "checksum", "vectors_dtype", "metadata_digest", "pool_factor", "num_original_tokens",
+                   "pq_subvectors"}
 
 
 CODE_SIZES = {"<u2": 2, "<i4": 4}  # bytes of a centroid code by its dtype
+
+
+def residuals_of(manifest: dict) -> Optional[str]:
+    """A compressed index's residual codec by name (``"2bit"``, ``"pq16x6"``; :func:`~.codec.parse_residuals`)."""
+    if manifest.get("nbits") is None:
+        return None
+    if "pq_subvectors" in manifest:
+        return f"pq{manifest['pq_subvectors']}x{manifest['nbits']}"
+    return f"{manifest['nbits']}bit"
 
 
 def validate_manifest(path: Path, m: dict) -> None:
@@ -178,7 +188,14 @@ def _check_v2_fields(m: dict, bad) -> None:
         bad("generation", "must be a positive integer")
     if not _is_int(m.get("ivf_generation", m["generation"]), 1, m["generation"]):
         bad("ivf_generation", "must be a positive integer no larger than 'generation'")
-    if m.get("nbits") not in (1, 2, 4, 8):
+    if "pq_subvectors" in m:
+        if m.get("nbits") not in (4, 6, 8):
+            bad("nbits", "must be 4, 6 or 8 (bits a product-quantizer code)")
+        sub = m["pq_subvectors"]
+        if not _is_int(sub, 1, 1 << 16) or not _is_int(m.get("dim"), 1) or m["dim"] % sub \
+                or (sub * m["nbits"]) % 8 or (m["nbits"] == 6 and sub % 4):
+            bad("pq_subvectors", "must be a positive integer dividing dim whose codes fill whole bytes")
+    elif m.get("nbits") not in (1, 2, 4, 8):
         bad("nbits", "must be 1, 2, 4 or 8")
     if not _is_int(m.get("num_centroids"), 1, 1 << 31):
         bad("num_centroids", "must be a positive integer")
@@ -214,10 +231,12 @@ def _check_v2_files(m: dict, bad) -> None:
             bad("files", f"entry {json.dumps(name)[:60]} must name a file in the folder with a size and a crc32")
     N, T, S, K, d = m["num_passages"], m["num_tokens"], m["num_sentences"], m["num_centroids"], m["dim"]
     g = m.get("ivf_generation", m["generation"])
-    per_token = d * m["nbits"]
+    pq = "pq_subvectors" in m
+    per_token = (m["pq_subvectors"] if pq else d) * m["nbits"]
     if per_token % 8:
         bad("dim", f"× nbits must be a whole number of bytes ({d} × {m['nbits']})")
-    expected = {"centroids.f16": K * d * 2, "buckets.f32": ((2 << m["nbits"]) - 1) * 4,
+    expected = {"centroids.f16": K * d * 2,
+                **({"pq.f32": (1 << m["nbits"]) * d * 4} if pq else {"buckets.f32": ((2 << m["nbits"]) - 1) * 4}),
                 "codes.bin": T * CODE_SIZES[m["code_dtype"]], "residuals.bin": T * per_token // 8,
                 "doclens.bin": N * 4, "sentcounts.bin": N * 4, "sentences.bin": S * 8, "passage_offsets.bin": N * 8,
                 f"ivf-{g}.offsets.bin": (K + 1) * 8, f"ivf-{g}.pids.bin": None, "passages.jsonl": None,

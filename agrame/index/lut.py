@@ -1,13 +1,14 @@
 """Scoring packed residual codes by lookup tables, without decompressing them (WARP, Scheerer et al.,
 SIGIR 2025, §4; the ``xtr-warp`` engine).
 
-A token is its centroid ``c`` plus a residual whose dimension ``j`` is the bucket value ``w[b_j]``;
+A token is its centroid ``c`` plus a residual. For the scalar codec, dimension ``j`` is the bucket value ``w[b_j]``;
 a byte of the packed residual holds ``8 / nbits`` consecutive dimensions. So for a query token ``q``
 
     q · (c + r) = q·c + Σ_g T[g, byte_g],    T[g, v] = Σ_{j in group g} q_j · w[b_j(v)]
 
 — one table of 256 entries per byte position ``g`` (``d·nbits/8`` of them), built once per query
-token, and a token's score is its centroid score plus one table entry per packed byte. These are
+token, and a token's score is its centroid score plus one table entry per packed byte. A product codec's
+residual is one codeword per sub-vector, so its tables are one per sub-vector, ``2^nbits`` entries each. These are
 the scores of the *unnormalised* decompressed vector (:meth:`ResidualCodec.decompress` with
 ``normalize=False``); the exact stage renormalises, as ColBERTv2 does.
 
@@ -33,31 +34,27 @@ from .ivf import _ranges
 
 
 def residual_tables(queries: torch.Tensor, codec: ResidualCodec) -> torch.Tensor:
-    """``[L, d]`` query tokens → ``[L, G, 256]`` tables: ``T[i, g, v]`` is query token ``i``'s dot
-    product with the residual dimensions that byte value ``v`` encodes at byte position ``g``."""
-    per_byte = 8 // codec.nbits
-    queries = queries.float()
-    length, dim = queries.shape
-    if dim != codec.dim:
-        raise ValueError(f"queries have dimension {dim}, the codec {codec.dim}")
-    byte_values = torch.from_numpy(codec._byte_table_np)  # [256, per_byte]
-    return torch.einsum("igk,vk->igv", queries.reshape(length, dim // per_byte, per_byte), byte_values).contiguous()
+    """``[L, d]`` query tokens → ``[L, G, V]`` tables (the codec's :meth:`~ResidualCodec.lookup_tables`): for
+    the scalar codec ``G`` byte positions of ``V = 256`` byte values, for a product codec ``G = m``
+    sub-vectors of ``V = 2^nbits`` codewords (the same sum: a product code's residual is its codewords)."""
+    return codec.lookup_tables(queries)
 
 
-def table_scores(tables: torch.Tensor, query_ids: np.ndarray, packed: np.ndarray) -> np.ndarray:
-    """Residual part of the scores of ``n`` (query token, token) pairs: ``Σ_g T[query_ids, g, packed[:, g]]``.
+def table_scores(tables: torch.Tensor, query_ids: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    """Residual part of the scores of ``n`` (query token, token) pairs: ``Σ_g T[query_ids, g, columns[:, g]]``.
 
-    ``tables``: ``[L, G, 256]`` (:func:`residual_tables`); ``query_ids``: ``[n]``; ``packed``: ``[n, G]``
-    uint8. Returns ``[n]`` float32."""
-    length, groups, _ = tables.shape
-    packed = np.asarray(packed)
-    if packed.ndim != 2 or packed.shape[1] != groups:
-        raise ValueError(f"expected [n, {groups}] packed codes, got {list(packed.shape)}")
+    ``tables``: ``[L, G, V]`` (:func:`residual_tables`); ``query_ids``: ``[n]``; ``columns``: ``[n, G]``
+    (the codec's :meth:`~ResidualCodec.lookup_codes` of the stored rows). Returns ``[n]`` float32."""
+    length, groups, values = tables.shape
+    columns = np.asarray(columns)
+    if columns.ndim != 2 or columns.shape[1] != groups:
+        raise ValueError(f"expected [n, {groups}] packed codes, got {list(columns.shape)}")
     flat = tables.reshape(-1).numpy()
-    # int32 offsets (the tables hold L·G·256 < 2³¹ entries): a 40% faster gather than int64's on 38k × 96
+    # int32 offsets (the tables hold L·G·V < 2³¹ entries): a 40% faster gather than int64's on 38k × 96
     # lookups, measured on one thread (a diagnostic run, not a committed benchmark).
-    base = np.asarray(query_ids, dtype=np.int32)[:, None] * np.int32(groups * 256) + np.arange(groups, dtype=np.int32) * 256
-    return np.take(flat, base + packed).sum(axis=1, dtype=np.float32)
+    base = np.asarray(query_ids, dtype=np.int32)[:, None] * np.int32(groups * values) \
+        + np.arange(groups, dtype=np.int32) * np.int32(values)
+    return np.take(flat, base + columns).sum(axis=1, dtype=np.float32)
 
 
 class TokenLists(NamedTuple):
@@ -123,7 +120,7 @@ def warp_candidates(q: torch.Tensor, centroid_scores: torch.Tensor, codec: Resid
         query_ids, base, owners, rows = query_ids[keep], base[keep], owners[keep], rows[keep]
     if not len(rows):
         return np.zeros(0, dtype=np.int64)
-    scores = base + table_scores(residual_tables(q, codec), query_ids, residuals[rows])
+    scores = base + table_scores(residual_tables(q, codec), query_ids, codec.lookup_codes(residuals[rows]))
     unique, total = reduce_two_stage(scores, query_ids, owners, length, top.values[:, -1].numpy())
     keep_n = min(ncandidates, len(unique))
     best = np.argpartition(-total, keep_n - 1)[:keep_n] if keep_n < len(unique) else np.arange(len(unique))

@@ -41,7 +41,8 @@ from .format import (FORMAT_SHARDED, MAX_SHARDS, SHARDS_FILE, IndexDamagedError,
                      manifest_checksum, model_block, read_manifest, read_shards, write_manifest)
 from .lock import WriterLock
 from .metadata import parse_filter
-from .store import CompressedBlock, compress_block, default_pool_factor, train_codec, write_blocks
+from .store import (CompressedBlock, compress_block, default_pool_factor, default_residuals, train_codec,
+                    write_blocks)
 from .writer import DEFAULT_COMPACT_THRESHOLD, IndexWriter, UnknownIdsError, build_new_folder, check_passages
 
 JOURNAL = "journal.json"
@@ -142,12 +143,13 @@ def commit_new(path: Path, overwrite: bool, write: Callable[[Path], None], lock_
 
 
 def build_sharded(encoder: Encoder, passages: Sequence[Passage], path: Union[str, Path], num_shards: int, *,
-                  nbits: int = 2, batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
+                  nbits=None, batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
                   progress: bool = True, codec: Optional[ResidualCodec] = None, seed: int = 0,
                   store_offsets: bool = False, lock_timeout: float = 0.0, pool_factor=None) -> Path:
     """Index ``passages`` into ``num_shards`` shards with one codec, atomically (one rename);
     ``pool_factor``: :mod:`agrame.pooling`, the same in every shard."""
     pool_factor = default_pool_factor(encoder, pool_factor)
+    nbits = default_residuals(encoder, nbits)
     path = Path(path)
     if not isinstance(num_shards, int) or not 1 <= num_shards <= MAX_SHARDS:
         raise ValueError(f"the number of shards must be between 1 and {MAX_SHARDS}")
@@ -308,6 +310,7 @@ class ShardedIndex(ShardedWrites, BaseIndex):
         first = ms[0]
         return {"format": FORMAT_SHARDED, "generation": sum(int(m.get("generation", 1)) for m in ms),
                 "model": first["model"], "dim": first.get("dim"), "nbits": first.get("nbits"),
+                **({"pq_subvectors": first["pq_subvectors"]} if "pq_subvectors" in first else {}),
                 "num_shards": self.num_shards, "has_spans": any(m.get("has_spans") for m in ms),
                 "num_passages": sum(int(m["num_passages"]) for m in ms),
                 "num_deleted": sum(int(m.get("num_deleted", 0)) for m in ms),

@@ -5,9 +5,11 @@ Files (raw little-endian arrays, all append-only except the per-generation inver
 
 =====================  ==========================================================
 ``centroids.f16``      ``[K, d]`` unit centroids (:mod:`agrame.index.codec`)
-``buckets.f32``        bucket cut-offs ``[B-1]`` then reconstruction values ``[B]``
+``buckets.f32``        bucket cut-offs ``[B-1]`` then reconstruction values ``[B]`` (scalar residuals)
+``pq.f32``             instead, with product-quantized residuals (``"pq_subvectors": m``): the codebooks
+                       ``[m, 2^nbits, d/m]``
 ``codes.bin``          ``[T]`` centroid id per token (uint16 when K ≤ 65,536, else int32)
-``residuals.bin``      ``[T, d·nbits/8]`` packed residual buckets
+``residuals.bin``      ``[T, d·nbits/8]`` packed residual buckets, or ``[T, m·nbits/8]`` packed PQ codes
 ``sentence_tokens.bin`` ``[S, 2]`` int32 token rows (passage-local, end exclusive) of each sentence
 ``tokens.bin``         instead of ``sentence_tokens.bin`` when the manifest says ``"token_offsets":
                        "stored"``: character start (int32) and length (uint16) of each token
@@ -52,7 +54,7 @@ from ..corpus import EncodedCorpus, Passage
 from ..encoder import EncodedPassage, Encoder
 from ..pooling import check_pool_factor, decode_assignment, pool_passage, pooled_offsets
 from ..spans import normalize_span, sorted_token_segments, split_sentences
-from .codec import CompressedVectors, ResidualCodec, num_centroids
+from .codec import CompressedVectors, ProductCodec, ResidualCodec, num_centroids, train_codec_of
 from .format import (FORMAT_V2, MANIFEST, IndexDamagedError, IndexFolderError, check_files, crc32_file, ivf_generation,
                      model_block, read_manifest, replace_file, store_root, writing, VERIFY_LIMIT)
 from .ivf import InvertedFile, _ranges, build_ivf, unique_pairs
@@ -77,6 +79,16 @@ def default_pool_factor(encoder, given=None):
     if given is not None:
         return check_pool_factor(given)
     return check_pool_factor(getattr(getattr(encoder, "settings", None), "pool_factor", 1))
+
+
+def default_residuals(encoder, given=None):
+    """``given`` if not None, else the residual codec the model is shipped for (its settings'
+    ``residuals``), else 2 bits a dimension: an int (bits) or a ``"pqMxB"`` name."""
+    from .codec import parse_residuals
+
+    kind, nbits, m = parse_residuals(given if given is not None else
+                                     getattr(getattr(encoder, "settings", None), "residuals", 2))
+    return nbits if kind == "scalar" else f"pq{m}x{nbits}"
 
 
 def pool_factor(manifest: dict):
@@ -362,7 +374,7 @@ def train_codec(encoder: Encoder, passages: Sequence[Passage], nbits: int, *, ba
     if len(sample) > needed:
         sample = sample[rng.choice(len(sample), needed, replace=False)]
     started = time.perf_counter()
-    codec = ResidualCodec.train(sample, k, nbits, niter=KMEANS_NITER, seed=seed)
+    codec = train_codec_of(nbits, sample, k, niter=KMEANS_NITER, seed=seed)
     info = {"estimated_tokens": estimate, "num_centroids": codec.num_centroids, "rule": "2^floor(log2(16·√T))",
             "kmeans_points": int(len(sample)), "kmeans_niter": KMEANS_NITER, "sample_passages": taken,
             "kmeans_seconds": round(time.perf_counter() - started, 1), "seed": seed}
@@ -371,7 +383,27 @@ def train_codec(encoder: Encoder, passages: Sequence[Passage], nbits: int, *, ba
 
 def _codec_files(folder: Path, codec: ResidualCodec, files: Dict[str, dict]) -> None:
     _write_fixed(folder, "centroids.f16", codec.centroids.tobytes(), files)
-    _write_fixed(folder, "buckets.f32", np.concatenate([codec.cutoffs, codec.weights]).astype("<f4").tobytes(), files)
+    for name, data in codec.residual_files().items():
+        _write_fixed(folder, name, data, files)
+
+
+def codec_fields(codec: ResidualCodec) -> dict:
+    """The manifest's fields for a codec: ``nbits`` (bits a dimension; of a product code, bits a code) and,
+    for a product codec, ``pq_subvectors``."""
+    return {"nbits": codec.nbits, **({"pq_subvectors": codec.m} if codec.kind == "pq" else {})}
+
+
+def read_codec(root: Path, m: dict) -> ResidualCodec:
+    """The codec files of a store folder, as its manifest describes them (sizes already checked)."""
+    K, d = m["num_centroids"], m["dim"]
+    centroids = np.fromfile(root / "centroids.f16", dtype=np.float16, count=K * d).reshape(K, d)
+    if "pq_subvectors" in m:
+        sub, ksub = m["pq_subvectors"], 1 << m["nbits"]
+        books = np.fromfile(root / "pq.f32", dtype="<f4", count=d * ksub).reshape(sub, ksub, d // sub)
+        return ProductCodec(centroids, books, m["nbits"])
+    B = 1 << m["nbits"]
+    buckets = np.fromfile(root / "buckets.f32", dtype="<f4", count=2 * B - 1)
+    return ResidualCodec(centroids, buckets[:B - 1], buckets[B - 1:], m["nbits"])
 
 
 def _ivf_files(folder: Path, ivf: InvertedFile, generation: int, files: Dict[str, dict]) -> None:
@@ -379,15 +411,17 @@ def _ivf_files(folder: Path, ivf: InvertedFile, generation: int, files: Dict[str
     _write_fixed(folder, f"ivf-{generation}.pids.bin", ivf.pids.astype("<i4").tobytes(), files)
 
 
-def write_store(folder: Path, encoder: Encoder, passages: Sequence[Passage], *, nbits: int = 2,
+def write_store(folder: Path, encoder: Encoder, passages: Sequence[Passage], *, nbits=None,
                 batch_size: int = 16, chunk_passages: int = 1024, progress: bool = True,
                 sentences: Optional[Sequence] = None, codec: Optional[ResidualCodec] = None,
                 encoded: Optional[EncodedCorpus] = None, seed: int = 0, store_offsets: bool = False,
                 generation: int = 1, pool_factor=None) -> dict:
     """Write every store file of ``passages`` into ``folder`` (metadata included); the manifest that
     would commit them (not written: the caller commits). ``pool_factor``: :mod:`agrame.pooling` (None:
-    the model's own, :func:`default_pool_factor`)."""
+    the model's own, :func:`default_pool_factor`); ``nbits``: the residual codec (None: the model's own,
+    :func:`default_residuals`)."""
     pool_factor = default_pool_factor(encoder, pool_factor)
+    nbits = default_residuals(encoder, nbits)
     bar = None
     try:
         source = (None if encoded is None else
@@ -454,7 +488,7 @@ def write_blocks(folder: Path, model: dict, codec: ResidualCodec, codec_info: di
     return {
         "format": FORMAT_V2, "generation": generation, "agrame_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "model": model, "dim": codec.dim, "nbits": codec.nbits,
+        "model": model, "dim": codec.dim, **codec_fields(codec),
         "num_centroids": codec.num_centroids, "code_dtype": codec.code_dtype.str,
         "codec": codec_info, "num_passages": writer.next_pid, "num_tokens": writer.tokens,
         "num_sentences": writer.sentences, "has_spans": writer.has_spans,
@@ -518,7 +552,7 @@ def train_codec_from(source: "VectorSource", nbits: int, *, seed: int = 0,
     else:
         sample = source.sample_vectors(needed, seed)
     started = time.perf_counter()
-    codec = ResidualCodec.train(sample, k, nbits, niter=KMEANS_NITER, seed=seed)
+    codec = train_codec_of(nbits, sample, k, niter=KMEANS_NITER, seed=seed)
     return codec, {}, {"estimated_tokens": source.num_tokens, "num_centroids": codec.num_centroids,
                        "rule": "2^floor(log2(16·√T))", "kmeans_points": int(needed), "kmeans_niter": KMEANS_NITER,
                        "kmeans_seconds": round(time.perf_counter() - started, 1), "seed": seed}
@@ -591,11 +625,7 @@ class Store:
         check_files(self.root, {n: i for n, i in files.items() if not self._copied(n)}, verify)
         check_files(self.root, {n: i for n, i in files.items() if self._copied(n)}, False)  # (their sizes)
         try:
-            buckets = np.fromfile(self.root / "buckets.f32", dtype="<f4", count=files["buckets.f32"]["size"] // 4)
-            B = 1 << m["nbits"]
-            centroids = np.fromfile(self.root / "centroids.f16", dtype=np.float16,
-                                    count=m["num_centroids"] * m["dim"]).reshape(m["num_centroids"], m["dim"])
-            self.codec = ResidualCodec(centroids, buckets[:B - 1], buckets[B - 1:], m["nbits"])
+            self.codec = read_codec(self.root, m)
             T, N = m["num_tokens"], m["num_passages"]
             self.codes = self._map("codes.bin", np.dtype(m["code_dtype"]), (T,))
             self.residuals = self._map("residuals.bin", np.uint8, (T, self.codec.bytes_per_token))

@@ -771,7 +771,7 @@ class IndexWriter:
         return new
 
 
-def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | Path, *, nbits: int = 2,
+def build_compressed(encoder: Encoder, passages: Sequence[Passage], path: str | Path, *, nbits=None,
                      batch_size: int = 16, chunk_passages: int = 1024, overwrite: bool = False,
                      progress: bool = True, sentences: Optional[Sequence] = None,
                      codec: Optional[ResidualCodec] = None, encoded: Optional[EncodedCorpus] = None,

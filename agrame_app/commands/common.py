@@ -74,6 +74,17 @@ def pool_factor(value: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def residual_codec(value: str):
+    """``--nbits``: bits a dimension (1, 2, 4, 8) or a product quantizer ``pqMxB`` (e.g. ``pq16x6``)."""
+    from agrame.index.codec import parse_residuals
+
+    try:
+        kind, nbits, m = parse_residuals(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return nbits if kind == "scalar" else f"pq{m}x{nbits}"
+
+
 def positive_int(value: str) -> int:
     try:
         number = int(value)

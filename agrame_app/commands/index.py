@@ -7,7 +7,7 @@ import sys
 
 from agrame.io import FORMATS, MAX_PASSAGE_CHARS, read_passages
 from .common import (DEFAULT_MODEL_HELP, UsageError, add_writer_options, command_parser, index_model, live_count,
-                     model_names, open_writer, pool_factor, positive_int, say)
+                     model_names, open_writer, pool_factor, positive_int, residual_codec, say)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -21,8 +21,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--model", "-m", metavar="PATH", default=None,
                    help="model folder or a shipped name (" + model_names() + "); " + DEFAULT_MODEL_HELP
                    + " (with --add: the index's own)")
-    p.add_argument("--nbits", type=int, choices=(1, 2, 4, 8), default=2,
-                   help="bits per dimension of each token's residual (default: 2, ~40 bytes per 128-d token)")
+    p.add_argument("--nbits", type=residual_codec, default=None, metavar="B",
+                   help="each token's residual: bits per dimension, 1, 2, 4 or 8 (2: ~40 bytes per 128-d token), "
+                        "or a product quantizer pqMxB: M sub-vectors of B bits (pq16x6: ~19 bytes); default: "
+                        "the model's own (2 for most)")
     p.add_argument("--pool-factor", type=pool_factor, default=None, metavar="F",
                    help="keep about one vector per F tokens, pooled by Ward clustering of each sentence's "
                         "tokens, so every sentence and span stays searchable (default: the model's own, 1 for "
@@ -59,6 +61,10 @@ def run(args) -> int:
         raise UsageError(f"{' and '.join(chosen)} cannot be combined")
     if (args.add or args.upsert) and args.index_format == 1:
         raise UsageError("--add and --upsert need a compressed index (--format 2)")
+    if (args.add or args.upsert) and args.nbits is not None:
+        raise UsageError("--add and --upsert keep the index's own residual codec; --nbits is for a new index")
+    if args.index_format == 1 and args.nbits is not None:
+        raise UsageError("--nbits needs a compressed index (--format 2)")
     if (args.add or args.upsert) and (args.shards or args.ray):
         raise UsageError("--shards and --ray build a new index; --add/--upsert keep the index's own layout")
     if args.index_format == 1 and (args.shards or args.ray):

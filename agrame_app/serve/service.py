@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Optional, Union
 
+from agrame.index.format import residuals_of
+
 from .errors import ApiError, RetryLater, damaged_message
 from .holder import FixedHolder, IndexHolder
 from .schemas import CiteRequest, DeleteRequest, Limits, RankRequest, SearchRequest, UpsertRequest
@@ -370,7 +372,8 @@ class IndexService:
             count = idx.count(allow_partial=True)
             info.update(format=m["format"], generation=m.get("generation", 1), passages=int(count),
                         partial=count.partial, deleted=m.get("num_deleted", 0), tokens=m["num_tokens"],
-                        sentences=m["num_sentences"], nbits=m.get("nbits"))
+                        sentences=m["num_sentences"], nbits=m.get("nbits"),
+                        residuals=residuals_of(m))
         except ShardUnavailableError:  # no shard answers: nothing to count
             info.update(passages=None, partial=True)
         if holder.reload_error:
