@@ -146,6 +146,86 @@ def score_codec(spec: Codec, store, codes: np.ndarray, original, sample: np.ndar
     return row
 
 
+def built_row(name: str, vectors, store, evaluate) -> dict:
+    """A row for the pool's index *built* with codec ``name`` (``index_search build --nbits NAME``): what the
+    format gives, its codec trained as a build trains it, where the simulated rows code every residual with a
+    quantizer trained on a larger residual sample."""
+    from agrame.index.codec import residuals_name
+
+    from .index_search import build
+
+    path, _ = build(vectors, residuals_name(name) if not str(name).isdigit() else int(name))
+    built = Index(path, model=vectors.encoder)
+    if not (np.array_equal(built.store.codec.centroids, store.codec.centroids)
+            and np.array_equal(np.asarray(built.store.codes), np.asarray(store.codes))):
+        raise SystemExit(f"error: {path.name} does not share the 2-bit index's centroids and centroid ids")
+    start = time.perf_counter()
+    metrics = evaluate(f"built {name}", built)
+    original = int(built.store.manifest.get("num_original_tokens", built.store.num_tokens))
+    row = {"codec": f"built {built.store.codec.name}", "kind": "built", "index": path.name,
+           "bytes_per_original_token": round(built.store.bytes(include_text=False) / original, 2),
+           "seconds": round(time.perf_counter() - start, 1), "metrics": metrics}
+    print(json.dumps(row), file=sys.stderr, flush=True)
+    return row
+
+
+SPLITS = ("squad-dev", "nq-oracle")
+
+
+def verdict(candidate: str, tag: str, store: bool, model: Optional[str], argv) -> None:
+    """The rule's second step: the candidate built as a real index, on the reported splits. Reads the rows
+    ``python -m benchmarks.index_search run --dataset D --first-stage agrame --nbits N --per-hit 3 --tag TAG``
+    wrote for the candidate and for 2 bits (same centroids and centroid ids: only the residuals differ),
+    applies the same rule to every split, and with ``--store`` names the candidate in the shipped model's
+    settings (what an index built with it uses unless told otherwise) when it passes on all of them."""
+    from agrame.index.codec import residuals_name
+
+    from .common import RESULTS, command_line, write_result
+    from .index_search import _bits, store_with_model
+
+    from agrame.loading import DEFAULT_MODEL
+
+    from .shipping import SIZE_TAGS
+
+    candidate = residuals_name(candidate)
+    name = model or DEFAULT_MODEL
+    if name not in SIZE_TAGS:
+        raise SystemExit(f"error: --verdict needs a shipped model with a size tag ({sorted(SIZE_TAGS)}), not {name!r}")
+    size_file = RESULTS / f"index_search-size-{_bits(candidate)}-{SIZE_TAGS[name][0]}.json"
+    if not size_file.exists():
+        raise SystemExit(f"error: {size_file.name} is missing: run python -m benchmarks.index_search build "
+                         f"--nbits {candidate} --tag {SIZE_TAGS[name][0]}" + (f" --model {model}" if model else ""))
+    size = json.loads(size_file.read_text())
+    bytes_per_token = size["bytes_per_original_token_text_excluded"]
+    rows, fingerprints = [], set()
+    for split in SPLITS:
+        runs = {}
+        for codec in ("2", candidate):
+            path = RESULTS / f"index_search-{split}-agrame-{_bits(codec)}-{tag}.json"
+            if not path.exists():
+                raise SystemExit(f"error: {path.name} is missing: run python -m benchmarks.index_search run "
+                                 f"--dataset {split} --first-stage agrame --nbits {codec} --per-hit 3 --tag {tag}")
+            runs[codec] = json.loads(path.read_text())
+            fingerprints.add(runs[codec]["fingerprint"])
+        base, cand = runs["2"]["metrics"], runs[candidate]["metrics"]
+        loss = {k: round(base[k] - cand[k], 2) for k in ("psg_p1", "sent_p1", "psg_r100")}
+        rows.append({"split": split, "questions": runs[candidate]["sample"]["questions"],
+                     "2bit": {k: base[k] for k in loss}, candidate: {k: cand[k] for k in loss},
+                     "loss_vs_2bit": loss, "within": max(loss["psg_p1"], loss["sent_p1"]) <= MAX_LOSS})
+    if len(fingerprints) != 1:
+        raise SystemExit(f"error: the runs are of different models ({sorted(fingerprints)})")
+    passes = bytes_per_token <= MAX_BYTES and all(r["within"] for r in rows)
+    result = {"benchmark": "residual_codecs", "what": "verdict on the reported splits", "rule": FORMAT_RULE,
+              "model": name, "size_file": size_file.name, "candidate": candidate, "bytes_per_original_token": bytes_per_token, "fingerprint": fingerprints.pop(),
+              "rows": rows, "passes": passes,
+              "default_format": candidate if passes else "2bit (the candidate misses on a reported split)"}
+    if store and passes:
+        result["stored_in"] = str(store_with_model(model, "residuals", candidate))
+    out = write_result(f"residual_codecs-verdict-{_bits(candidate)}", result, None,
+                       command_line("benchmarks.residual_codecs", argv))
+    print(json.dumps({r["split"]: r["loss_vs_2bit"] for r in rows}), "passes" if passes else "misses", "→", out)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     from .common import command_line, write_result
     from .data import load_pool
@@ -162,7 +242,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--sample", type=int, default=1 << 18, help="residuals the quantizers are trained on")
     parser.add_argument("--codecs", nargs="+", default=[c.name for c in CODECS], choices=[c.name for c in CODECS])
     parser.add_argument("--out", default=None)
+    parser.add_argument("--built", nargs="*", default=[], metavar="CODEC",
+                        help="also rank with the pool's index built with CODEC (e.g. pq16x6: its own trained codec, "
+                             "same centroids and ids), beside the simulated rows")
+    parser.add_argument("--verdict", metavar="CODEC", default=None,
+                        help="instead: the rule on the reported splits for CODEC built as an index (e.g. pq16x6), "
+                             "from index_search run rows tagged --tag")
+    parser.add_argument("--tag", default="default-ph3", help="with --verdict: the runs' tag")
+    parser.add_argument("--store", action="store_true",
+                        help="with --verdict: name the codec in the shipped model's settings if it passes")
     args = parser.parse_args(argv)
+    if args.verdict:
+        return verdict(args.verdict, args.tag, args.store, args.model, argv)
     torch.set_num_threads(args.threads)
     pool = load_pool()
     vectors = PoolVectors(args.model, pool)
@@ -190,10 +281,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     rest = store.bytes(include_text=False) - store.manifest["files"]["residuals.bin"]["size"]
     position_of_row = np.zeros(len(store.codes), dtype=np.int64)
     position_of_row[rows_in_order] = np.arange(len(rows_in_order))
-    def evaluate(label: str) -> dict:
+    def evaluate(label: str, ranked_by: Index = index) -> dict:
         per = []
         for k, q in enumerate(tqdm(questions, desc=label, disable=None)):
-            passages, sentences = index_rankings(index, *encoded[k], encoder.settings.alpha, settings,
+            passages, sentences = index_rankings(ranked_by, *encoded[k], encoder.settings.alpha, settings,
                                                  harness.sent_starts, vectors.spans)
             m = judge("squad-dev", harness, q, passages, sentences, passages)  # SQuAD's gold rule (answer_start)
             m["psg_r100"] = m.pop("first_stage_r100")
@@ -202,6 +293,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     rows = [score_codec(spec, store, codes, original, sample, position_of_row, evaluate, rest, args.seed)
             for spec in CODECS if spec.name in args.codecs]
+    for name in args.built:
+        rows.append(built_row(name, vectors, store, evaluate))
     base = next((r for r in rows if r["codec"] == CODECS[0].name), None)
     for r in rows:
         if base is not None:
@@ -215,7 +308,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                       f"the pool's {n:,} passages", "quantizer_sample": len(sample), "rule": FORMAT_RULE,
               "rows": rows, "best_under_the_bytes": None if best is None else best["codec"],
               "chosen": best["codec"] if passes else "scalar 2-bit (today): no codec under the bytes is within the loss"}
-    out = write_result(f"residual_codecs-{encoder.fingerprint()[:12]}", result, args.out,
+    out = write_result(f"residual_codecs-{encoder.fingerprint()[:12]}" + ("-built" if args.built else ""), result, args.out,
                        command_line("benchmarks.residual_codecs", argv))
     print(json.dumps({r["codec"]: [r["bytes_per_original_token"], r.get("loss_vs_2bit")] for r in rows}), "→", out)
 

@@ -227,8 +227,10 @@ def cards(results: Path = RESULTS) -> dict:
     from agrame.encoder import ModelError
     from agrame.loading import load_encoder, named_models
 
+    from .index_search import _bits
+
     loaded = load_rows(results)
-    size_rows = {r["_file"]: r for r in _load(results, "index_search-size-2b*.json")}
+    size_rows = {r["_file"]: r for r in _load(results, "index_search-size-*.json")}
     out: Dict[str, dict] = {}
     vocab: Dict[str, str] = {}
     measured: Dict[str, dict] = {}
@@ -239,23 +241,27 @@ def cards(results: Path = RESULTS) -> dict:
             continue
         fp = encoder.fingerprint()[:12]
         vocab[name] = _vocab_hash(encoder.tokenizer)
-        sizes = [size_rows[f] for f in (f"index_search-size-2b-{t}.json" for t in SIZE_TAGS.get(name, ()))
+        two_bit = [size_rows[f] for f in (f"index_search-size-2b-{t}.json" for t in SIZE_TAGS.get(name, ()))
+                   if f in size_rows]
+        if two_bit:
+            measured[name] = two_bit[0]  # (the estimates of other models start from a 2-bit index)
+        # the model's own format (its settings' residual codec: what an index built with it uses)
+        own = _bits(getattr(encoder.settings, "residuals", "2bit"))
+        sizes = [size_rows[f] for f in (f"index_search-size-{own}-{t}.json" for t in SIZE_TAGS.get(name, ()))
                  if f in size_rows]
-        if sizes:
-            measured[name] = sizes[0]
         rows = {}
         for row, benchmark, dataset, key, _ in ROWS:
             found = value(find_row(loaded, name, fp, benchmark, dataset), key)
             if found is not None:
                 rows[row] = found
         out[name] = {"dim": encoder.dim, "bytes_per_token": sizes[0]["bytes_per_token_text_excluded"] if sizes else None,
-                     "fingerprint": fp, "rows": rows}
+                     **({"residuals": own} if own != "2b" else {}), "fingerprint": fp, "rows": rows}
     for name, card in out.items():
         if card["bytes_per_token"] is None:
             card.update(estimate_bytes_per_token(card["dim"], vocab[name], measured, vocab))
     return {"rows": [r[0] for r in ROWS], "models": out,
-            "note": "full-protocol rows (benchmarks/shipping.py); bytes per token: 2-bit index of the pooled corpus, "
-                    "text excluded — measured (index_search size), or estimated (bytes_per_token_estimated_from) "
+            "note": "full-protocol rows (benchmarks/shipping.py); bytes per token: the model's own index format "
+                    "(2 bits a dimension unless 'residuals' names another) on the pooled corpus, text excluded — measured (index_search size), or estimated (bytes_per_token_estimated_from) "
                     "from a measured model with the same tokenizer: its files, with the residuals and centroids "
                     "recomputed for the model's dimension"}
 

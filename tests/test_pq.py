@@ -229,3 +229,20 @@ def test_a_model_names_its_residual_codec(tiny_encoder, tmp_path):
     assert residuals_of(json.loads((tmp_path / "ix" / "manifest.json").read_text())) == "pq4x6"
     build_index(encoder, _passages(), tmp_path / "two", nbits=2, progress=False)
     assert residuals_of(json.loads((tmp_path / "two" / "manifest.json").read_text())) == "2bit"
+
+
+def test_the_quantizer_learns_from_the_vectors_k_means_did_not_take():
+    rng = np.random.default_rng(3)
+    unit = lambda x: (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)  # noqa: E731
+    sample = unit(rng.standard_normal((400, 32)))
+    extra = unit(rng.standard_normal((20_000, 32)))
+    small = ProductCodec.train(sample, 8, 6, 8, niter=4)  # 20 held-out residuals: trained on all 400
+    large = ProductCodec.train(sample, 8, 6, 8, niter=4, extra=extra)
+    assert np.array_equal(small.centroids, large.centroids)  # k-means sees the same sample either way
+    fresh = unit(rng.standard_normal((2_000, 32)))
+
+    def error(codec):
+        ids, packed = codec.compress(fresh)
+        return float(((codec.decompress(ids, packed, normalize=False).numpy() - fresh) ** 2).sum(axis=1).mean())
+
+    assert error(large) < 0.95 * error(small)

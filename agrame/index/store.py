@@ -54,7 +54,8 @@ from ..corpus import EncodedCorpus, Passage
 from ..encoder import EncodedPassage, Encoder
 from ..pooling import check_pool_factor, decode_assignment, pool_passage, pooled_offsets
 from ..spans import normalize_span, sorted_token_segments, split_sentences
-from .codec import CompressedVectors, ProductCodec, ResidualCodec, num_centroids, train_codec_of
+from .codec import (PQ_TRAIN_POINTS, CompressedVectors, ProductCodec, ResidualCodec, num_centroids,
+                    parse_residuals, train_codec_of)
 from .format import (FORMAT_V2, MANIFEST, IndexDamagedError, IndexFolderError, check_files, crc32_file, ivf_generation,
                      model_block, read_manifest, replace_file, store_root, writing, VERIFY_LIMIT)
 from .ivf import InvertedFile, _ranges, build_ivf, unique_pairs
@@ -84,8 +85,6 @@ def default_pool_factor(encoder, given=None):
 def default_residuals(encoder, given=None):
     """``given`` if not None, else the residual codec the model is shipped for (its settings'
     ``residuals``), else 2 bits a dimension: an int (bits) or a ``"pqMxB"`` name."""
-    from .codec import parse_residuals
-
     kind, nbits, m = parse_residuals(given if given is not None else
                                      getattr(getattr(encoder, "settings", None), "residuals", 2))
     return nbits if kind == "scalar" else f"pq{m}x{nbits}"
@@ -371,10 +370,14 @@ def train_codec(encoder: Encoder, passages: Sequence[Passage], nbits: int, *, ba
         if sample_tokens >= needed:
             break
     sample = np.concatenate(vectors)
+    extra = None  # (a product codec's quantizer also learns from the sampled vectors k-means does not take)
     if len(sample) > needed:
-        sample = sample[rng.choice(len(sample), needed, replace=False)]
+        chosen = rng.choice(len(sample), needed, replace=False)
+        rest = np.ones(len(sample), dtype=bool)
+        rest[chosen] = False
+        sample, extra = sample[chosen], sample[rest]
     started = time.perf_counter()
-    codec = train_codec_of(nbits, sample, k, niter=KMEANS_NITER, seed=seed)
+    codec = train_codec_of(nbits, sample, k, niter=KMEANS_NITER, seed=seed, extra=extra)
     info = {"estimated_tokens": estimate, "num_centroids": codec.num_centroids, "rule": "2^floor(log2(16·√T))",
             "kmeans_points": int(len(sample)), "kmeans_niter": KMEANS_NITER, "sample_passages": taken,
             "kmeans_seconds": round(time.perf_counter() - started, 1), "seed": seed}
@@ -548,11 +551,16 @@ def train_codec_from(source: "VectorSource", nbits: int, *, seed: int = 0,
             if have >= needed:
                 break
         sample = np.concatenate(parts)
-        sample = sample[np.sort(rng.choice(len(sample), min(needed, len(sample)), replace=False))]
+        chosen = np.zeros(len(sample), dtype=bool)
+        chosen[rng.choice(len(sample), min(needed, len(sample)), replace=False)] = True
+        sample, extra = sample[chosen], sample[~chosen]
     else:
         sample = source.sample_vectors(needed, seed)
+        # a product codec's quantizer: a further draw (another seed; k-means took a small share of the tokens)
+        extra = source.sample_vectors(min(source.num_tokens, PQ_TRAIN_POINTS), seed + 1) \
+            if parse_residuals(nbits)[0] == "pq" else None
     started = time.perf_counter()
-    codec = train_codec_of(nbits, sample, k, niter=KMEANS_NITER, seed=seed)
+    codec = train_codec_of(nbits, sample, k, niter=KMEANS_NITER, seed=seed, extra=extra)
     return codec, {}, {"estimated_tokens": source.num_tokens, "num_centroids": codec.num_centroids,
                        "rule": "2^floor(log2(16·√T))", "kmeans_points": int(needed), "kmeans_niter": KMEANS_NITER,
                        "kmeans_seconds": round(time.perf_counter() - started, 1), "seed": seed}
