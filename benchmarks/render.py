@@ -130,7 +130,7 @@ def method_key(r: dict):
 
 SORTS: Dict[str, Callable[[dict], object]] = {
     "method": method_key, "dataset_method": lambda r: (r["dataset"], method_key(r)), "kind": lambda r: r["kind"],
-    "tag": lambda r: str(r.get("tag")), "factor": lambda r: r["factor"], "nbits": lambda r: r["nbits"],
+    "tag": lambda r: str(r.get("tag")), "factor": lambda r: r["factor"], "nbits": lambda r: (isinstance(r["nbits"], str), str(r["nbits"]).zfill(8)),
     "tokens": lambda r: r["tokens"]}
 
 

@@ -182,17 +182,28 @@ def _openmp_rows(r: dict, part: dict) -> Iterable[dict]:
                    "data": f"{r['dataset']}, {r['sample']['questions']} questions, {r['threads']} threads"}
 
 
+def _verdict_rows(r: dict, part: dict) -> Iterable[dict]:
+    for row in r["rows"]:
+        base, cand = row["2bit"], row[r["candidate"]]
+        yield {"split": row["split"], "questions": row["questions"], "base_p": base["psg_p1"], "base_s": base["sent_p1"],
+               "cand_p": cand["psg_p1"], "cand_s": cand["sent_p1"], "base_r": base["psg_r100"], "cand_r": cand["psg_r100"],
+               "loss": f"{row['loss_vs_2bit']['psg_p1']} / {row['loss_vs_2bit']['sent_p1']}",
+               "within": "yes" if row["within"] else "**no**"}
+
+
 def _codec_rows(r: dict, part: dict) -> Iterable[dict]:
     for row in r["rows"]:
         loss = row.get("loss_vs_2bit", {})
         name = f"**{row['codec']}** (chosen)" if row["codec"] == r["chosen"] else row["codec"]
-        yield {"name": name, "residual": row["residual_bytes_per_token"], "bytes": row["bytes_per_original_token"],
+        residual = row.get("residual_bytes_per_token")
+        yield {"name": name, "residual": "—" if residual is None else f"{residual:g}",
+               "bytes": row["bytes_per_original_token"],
                "psg": row["metrics"]["psg_p1"], "sent": row["metrics"]["sent_p1"], "r100": row["metrics"]["psg_r100"],
                "loss": f"{loss.get('psg_p1', '–')} / {loss.get('sent_p1', '–')}",
                "under": "yes" if row["bytes_per_original_token"] <= 20.0 else "no"}
 
 
-ROWS = {"codec_rows": _codec_rows, "openmp_rows": _openmp_rows, "budget_rows": _budget_rows, "serve_phases": _serve_phases, "read_verification_rows": _read_verification_rows, "suite_parts": _suite_parts, "e5_kinds": _e5_kinds,
+ROWS = {"codec_rows": _codec_rows, "verdict_rows": _verdict_rows, "openmp_rows": _openmp_rows, "budget_rows": _budget_rows, "serve_phases": _serve_phases, "read_verification_rows": _read_verification_rows, "suite_parts": _suite_parts, "e5_kinds": _e5_kinds,
         "export_formats": _export_formats, "plaid_systems": _plaid_systems, "pool_rows": _pool_rows}
 
 

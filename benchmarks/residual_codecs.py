@@ -218,7 +218,9 @@ def verdict(candidate: str, tag: str, store: bool, model: Optional[str], argv) -
     result = {"benchmark": "residual_codecs", "what": "verdict on the reported splits", "rule": FORMAT_RULE,
               "model": name, "size_file": size_file.name, "candidate": candidate, "bytes_per_original_token": bytes_per_token, "fingerprint": fingerprints.pop(),
               "rows": rows, "passes": passes,
-              "default_format": candidate if passes else "2bit (the candidate misses on a reported split)"}
+              "default_format": candidate if passes else "2bit",
+              "verdict": f"passes: the default format becomes {candidate}" if passes else
+              "misses: the default format stays 2 bits" + ("" if bytes_per_token <= MAX_BYTES else " (over the bytes)")}
     if store and passes:
         result["stored_in"] = str(store_with_model(model, "residuals", candidate))
     out = write_result(f"residual_codecs-verdict-{_bits(candidate)}", result, None,
