@@ -246,3 +246,14 @@ def test_the_quantizer_learns_from_the_vectors_k_means_did_not_take():
         return float(((codec.decompress(ids, packed, normalize=False).numpy() - fresh) ** 2).sum(axis=1).mean())
 
     assert error(large) < 0.95 * error(small)
+
+
+def test_a_ray_builds_work_folder_keeps_a_product_codec(tmp_path):
+    from agrame.index.distributed import WorkFolder
+
+    codec = random_pq(np.random.default_rng(0), 16, 3, 4, 6)
+    work = WorkFolder(tmp_path / "ix")
+    work.start({"fingerprint": "f", "num_blocks": 1}, codec, {})
+    _, again = work.resume("f")  # (what a resumed build and every Ray actor rebuild from)
+    assert isinstance(again, ProductCodec) and again.nbits == 6
+    assert np.array_equal(again.codebooks, codec.codebooks) and np.array_equal(again.centroids, codec.centroids)
