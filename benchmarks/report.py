@@ -136,7 +136,9 @@ def _export_formats(r: dict, part: dict) -> Iterable[dict]:
 def _plaid_systems(r: dict, part: dict) -> Iterable[dict]:
     for key, name in part["systems"].items():
         if key in r["systems"]:
-            yield {**r["systems"][key], "name": name}
+            residuals = r["systems"].get("agrame", {}).get("residuals", "2bit")
+            label = name if key == "plaid" or residuals == "2bit" else f"{name}, {residuals} residuals"
+            yield {**r["systems"][key], "name": label}
 
 
 def _pool_rows(r: dict, part: dict) -> Iterable[dict]:
