@@ -91,13 +91,9 @@ def _bits(nbits) -> str:
 
 def codec_arg(value: str):
     """``--nbits``: 1, 2, 4, 8 bits a dimension or ``pqMxB`` (:func:`agrame.index.codec.parse_residuals`)."""
-    from agrame.index.codec import parse_residuals
+    from agrame_app.commands.common import residual_codec
 
-    try:
-        kind, bits, m = parse_residuals(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return bits if kind == "scalar" else f"pq{m}x{bits}"
+    return residual_codec(value)
 
 
 def _exact_rankings_files(dataset: str, tag: Optional[str]) -> List[Path]:

@@ -150,11 +150,9 @@ def built_row(name: str, vectors, store, evaluate) -> dict:
     """A row for the pool's index *built* with codec ``name`` (``index_search build --nbits NAME``): what the
     format gives, its codec trained as a build trains it, where the simulated rows code every residual with a
     quantizer trained on a larger residual sample."""
-    from agrame.index.codec import residuals_name
-
     from .index_search import build
 
-    path, _ = build(vectors, residuals_name(name) if not str(name).isdigit() else int(name))
+    path, _ = build(vectors, name)
     built = Index(path, model=vectors.encoder)
     if not (np.array_equal(built.store.codec.centroids, store.codec.centroids)
             and np.array_equal(np.asarray(built.store.codes), np.asarray(store.codes))):
@@ -179,12 +177,10 @@ def verdict(candidate: str, tag: str, store: bool, model: Optional[str], argv) -
     applies the same rule to every split, and with ``--store`` names the candidate in the shipped model's
     settings (what an index built with it uses unless told otherwise) when it passes on all of them."""
     from agrame.index.codec import residuals_name
+    from agrame.loading import DEFAULT_MODEL
 
     from .common import RESULTS, command_line, write_result
     from .index_search import _bits, store_with_model
-
-    from agrame.loading import DEFAULT_MODEL
-
     from .shipping import SIZE_TAGS
 
     candidate = residuals_name(candidate)
@@ -216,7 +212,8 @@ def verdict(candidate: str, tag: str, store: bool, model: Optional[str], argv) -
         raise SystemExit(f"error: the runs are of different models ({sorted(fingerprints)})")
     passes = bytes_per_token <= MAX_BYTES and all(r["within"] for r in rows)
     result = {"benchmark": "residual_codecs", "what": "verdict on the reported splits", "rule": FORMAT_RULE,
-              "model": name, "size_file": size_file.name, "candidate": candidate, "bytes_per_original_token": bytes_per_token, "fingerprint": fingerprints.pop(),
+              "model": name, "size_file": size_file.name, "candidate": candidate,
+              "bytes_per_original_token": bytes_per_token, "fingerprint": fingerprints.pop(),
               "rows": rows, "passes": passes,
               "default_format": candidate if passes else "2bit",
               "verdict": f"passes: the default format becomes {candidate}" if passes else
@@ -228,13 +225,8 @@ def verdict(candidate: str, tag: str, store: bool, model: Optional[str], argv) -
     print(json.dumps({r["split"]: r["loss_vs_2bit"] for r in rows}), "passes" if passes else "misses", "→", out)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    from .common import command_line, write_result
-    from .data import load_pool
-    from .index_search import PoolVectors, _train_questions, build, encode_queries, index_rankings
-    from .metrics import summarize
-    from .open_domain import judge
-    from .rerank import Harness
+def _parser() -> argparse.ArgumentParser:
+    from .index_search import codec_arg
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.residual_codecs", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="the default model unless named")
@@ -244,17 +236,29 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--sample", type=int, default=1 << 18, help="residuals the quantizers are trained on")
     parser.add_argument("--codecs", nargs="+", default=[c.name for c in CODECS], choices=[c.name for c in CODECS])
     parser.add_argument("--out", default=None)
-    parser.add_argument("--built", nargs="*", default=[], metavar="CODEC",
+    parser.add_argument("--built", nargs="*", type=codec_arg, default=[], metavar="CODEC",
                         help="also rank with the pool's index built with CODEC (e.g. pq16x6: its own trained codec, "
                              "same centroids and ids), beside the simulated rows")
-    parser.add_argument("--verdict", metavar="CODEC", default=None,
+    parser.add_argument("--verdict", type=codec_arg, metavar="CODEC", default=None,
                         help="instead: the rule on the reported splits for CODEC built as an index (e.g. pq16x6), "
                              "from index_search run rows tagged --tag")
     parser.add_argument("--tag", default="default-ph3", help="with --verdict: the runs' tag")
     parser.add_argument("--store", action="store_true",
                         help="with --verdict: name the codec in the shipped model's settings if it passes")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    from .common import command_line, write_result
+    from .data import load_pool
+    from .index_search import PoolVectors, _train_questions, build, encode_queries, index_rankings
+    from .metrics import summarize
+    from .open_domain import judge
+    from .rerank import Harness
+
+    parser = _parser()
     args = parser.parse_args(argv)
-    if args.verdict:
+    if args.verdict is not None:
         return verdict(args.verdict, args.tag, args.store, args.model, argv)
     torch.set_num_threads(args.threads)
     pool = load_pool()

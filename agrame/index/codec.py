@@ -51,6 +51,12 @@ def parse_residuals(spec) -> Tuple[str, int, int]:
     raise ValueError(f"residual codec {spec!r}: bits a dimension must be one of {NBITS}, or pqMxB (e.g. pq16x6)")
 
 
+def residuals_option(spec):
+    """A residual codec as build options take it: an int (bits a dimension) or ``"pqMxB"``."""
+    kind, nbits, m = parse_residuals(spec)
+    return nbits if kind == "scalar" else f"pq{m}x{nbits}"
+
+
 def residuals_name(spec) -> str:
     """The canonical name of a residual codec: ``"2bit"``, ``"pq16x6"``."""
     kind, nbits, m = parse_residuals(spec)

@@ -55,7 +55,7 @@ from ..encoder import EncodedPassage, Encoder
 from ..pooling import check_pool_factor, decode_assignment, pool_passage, pooled_offsets
 from ..spans import normalize_span, sorted_token_segments, split_sentences
 from .codec import (PQ_TRAIN_POINTS, CompressedVectors, ProductCodec, ResidualCodec, num_centroids,
-                    parse_residuals, train_codec_of)
+                    parse_residuals, residuals_option, train_codec_of)
 from .format import (FORMAT_V2, MANIFEST, IndexDamagedError, IndexFolderError, check_files, crc32_file, ivf_generation,
                      model_block, read_manifest, replace_file, store_root, writing, VERIFY_LIMIT)
 from .ivf import InvertedFile, _ranges, build_ivf, unique_pairs
@@ -85,9 +85,8 @@ def default_pool_factor(encoder, given=None):
 def default_residuals(encoder, given=None):
     """``given`` if not None, else the residual codec the model is shipped for (its settings'
     ``residuals``), else 2 bits a dimension: an int (bits) or a ``"pqMxB"`` name."""
-    kind, nbits, m = parse_residuals(given if given is not None else
-                                     getattr(getattr(encoder, "settings", None), "residuals", 2))
-    return nbits if kind == "scalar" else f"pq{m}x{nbits}"
+    return residuals_option(given if given is not None else
+                            getattr(getattr(encoder, "settings", None), "residuals", 2))
 
 
 def pool_factor(manifest: dict):

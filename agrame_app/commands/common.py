@@ -76,13 +76,12 @@ def pool_factor(value: str):
 
 def residual_codec(value: str):
     """``--nbits``: bits a dimension (1, 2, 4, 8) or a product quantizer ``pqMxB`` (e.g. ``pq16x6``)."""
-    from agrame.index.codec import parse_residuals
+    from agrame.index.codec import residuals_option
 
     try:
-        kind, nbits, m = parse_residuals(value)
+        return residuals_option(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    return nbits if kind == "scalar" else f"pq{m}x{nbits}"
 
 
 def positive_int(value: str) -> int:
