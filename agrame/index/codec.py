@@ -26,6 +26,8 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
+from .. import scoring
+
 NBITS = (1, 2, 4, 8)
 #: Bits of one product-quantizer code (codes are packed; 6 bits: four codes in three bytes).
 PQ_NBITS = (4, 6, 8)
@@ -204,6 +206,11 @@ class ResidualCodec:
         if normalize and n:
             vectors /= vectors.norm(dim=1, keepdim=True).clamp_min_(1e-12)
         return vectors
+
+    def table_form(self, codes: np.ndarray, packed: np.ndarray) -> tuple:
+        """``(centroids, codes, groups, table)`` of :func:`agrame.scoring.compressed_run_max`: each residual
+        byte is a group, its row of the byte table the ``8 / nbits`` dimensions it codes."""
+        return self._centroids32, codes, packed, self._byte_table_np
 
 
 def _kmeans(sample: np.ndarray, num_centroids: int, *, niter: int, seed: int, heldout: float):
@@ -415,6 +422,13 @@ class ProductCodec:
             vectors /= vectors.norm(dim=1, keepdim=True).clamp_min_(1e-12)
         return vectors
 
+    def table_form(self, codes: np.ndarray, packed: np.ndarray) -> tuple:
+        """``(centroids, codes, groups, table)`` of :func:`agrame.scoring.compressed_run_max`: each sub-vector
+        is a group, its codeword's row of the stacked codebooks the ``d / m`` dimensions it codes."""
+        rows = unpack_codes(packed, self.nbits, self.m).astype(np.int64)
+        rows += self._offsets
+        return self._centroids32, codes, rows, self._flat_codebooks
+
     def lookup_tables(self, queries: torch.Tensor) -> torch.Tensor:
         """``[L, d]`` → ``[L, m, 2^nbits]``: query token ``i``'s dot product with codeword ``v`` of sub-vector ``s``."""
         queries = _check_queries(queries, self.dim)
@@ -472,4 +486,10 @@ class CompressedVectors:
 
     def decompress(self) -> torch.Tensor:
         return self[:]
+
+    def run_max(self, queries: torch.Tensor, lo: int, hi: int, starts: np.ndarray) -> torch.Tensor:
+        """:func:`agrame.scoring.compressed_run_max` of rows ``lo:hi`` (``starts`` relative to ``lo``), without
+        decompressing them into an array first."""
+        return scoring.compressed_run_max(queries, *self.codec.table_form(self.codes[lo:hi], self.packed[lo:hi]),
+                                          starts)
 

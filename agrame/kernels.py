@@ -1,0 +1,81 @@
+"""Compiled loops (numba) for what numpy and torch can only do in several passes over memory.
+
+The exact stage of a search decompresses each candidate token (centroid + residual, normalised) and takes,
+per query token, its best dot product in each passage. Done as whole-array operations that is two gathers,
+an add, a norm, a division and a matrix product, each writing or reading ``n × d`` floats: for the 300
+candidates of a top 100 (≈ 48k tokens at d = 128) the token vectors go through memory five times, and
+numpy's gathers hold the GIL, so two threads barely help. Here one passage's tokens are rebuilt into a
+buffer that stays in the L1/L2 cache and scored at once (WARP's and PLAID's C++ stages do the same).
+
+The math is :mod:`agrame.scoring`'s (:func:`agrame.scoring.compressed_run_max` is the entry point and
+says what it computes); this module only holds the loops. Without numba (``AVAILABLE`` False) scoring
+uses its array path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    import numba
+except ImportError:  # pragma: no cover - numba is a core dependency; a platform without a wheel falls back
+    numba = None
+
+AVAILABLE = numba is not None
+
+
+def _rebuild(centroids, codes, groups, table, lo, hi, out):
+    """Rows ``lo:hi`` of the tokens, decompressed and normalised into ``out[:hi - lo]``:
+    ``centroids[codes[t]]`` plus, for each group ``g``, the ``table`` row ``groups[t, g]`` in dimensions
+    ``g·w … g·w + w`` (``w`` the table's width), divided by its norm (at least 1e-12)."""
+    d = centroids.shape[1]
+    width = table.shape[1]
+    for t in range(lo, hi):
+        c = centroids[codes[t]]
+        o = out[t - lo]
+        for g in range(groups.shape[1]):
+            row = table[groups[t, g]]
+            for j in range(width):
+                o[g * width + j] = c[g * width + j] + row[j]
+        n2 = np.float32(0.0)
+        for j in range(d):
+            n2 += o[j] * o[j]
+        norm = max(np.sqrt(n2), np.float32(1e-12))
+        for j in range(d):
+            o[j] /= norm
+
+
+def _run_max(queries, centroids, codes, groups, table, starts, out):
+    """``out[i, r]``: the best dot product of query token ``i`` with the (decompressed) tokens of run
+    ``r`` (tokens ``starts[r] … starts[r + 1]``); −inf for an empty run."""
+    lq, d = queries.shape
+    longest = 0
+    for r in range(starts.shape[0] - 1):
+        longest = max(longest, starts[r + 1] - starts[r])
+    buf = np.empty((max(longest, 1), d), dtype=np.float32)
+    for r in range(starts.shape[0] - 1):
+        lo, hi = starts[r], starts[r + 1]
+        _rebuild_jit(centroids, codes, groups, table, lo, hi, buf)
+        for i in range(lq):
+            q = queries[i]
+            best = np.float32(-np.inf)
+            for t in range(hi - lo):
+                v = buf[t]
+                s = np.float32(0.0)
+                for j in range(d):
+                    s += q[j] * v[j]
+                if s > best:
+                    best = s
+            out[i, r] = best
+
+
+if AVAILABLE:
+    # fastmath: the dot products and norms may be summed in any order (vectorised), which moves a float32
+    # score by a few ulps — inside the bound agrame.index.search.exact_margin allows for any float32 order.
+    # nogil: the exact stage's chunk pool runs two chunks at once. cache: compiled once per install.
+    _jit = numba.njit(nogil=True, fastmath=True, cache=True)
+    _rebuild_jit = _jit(_rebuild)
+    run_max = _jit(_run_max)
+else:  # pragma: no cover
+    _rebuild_jit = _rebuild
+    run_max = None
