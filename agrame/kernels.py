@@ -69,6 +69,24 @@ def _run_max(queries, centroids, codes, groups, table, starts, out):
             out[i, r] = best
 
 
+def _table_maxsim(table, codes, lo, hi, out):
+    """``out[r]``: Σ_i max over tokens ``t`` in ``lo[r] … hi[r]`` of ``table[codes[t], i]`` (−inf for an
+    empty run) — a MaxSim whose similarities are looked up (a token's centroid's, for pruning by centroids)."""
+    width = table.shape[1]
+    best = np.empty(width, dtype=np.float32)
+    for r in range(lo.shape[0]):
+        best[:] = -np.inf
+        for t in range(lo[r], hi[r]):
+            row = table[codes[t]]
+            for i in range(width):
+                if row[i] > best[i]:
+                    best[i] = row[i]
+        total = np.float32(0.0)
+        for i in range(width):
+            total += best[i]
+        out[r] = total
+
+
 if AVAILABLE:
     # fastmath: the dot products and norms may be summed in any order (vectorised), which moves a float32
     # score by a few ulps — inside the bound agrame.index.search.exact_margin allows for any float32 order.
@@ -76,6 +94,7 @@ if AVAILABLE:
     _jit = numba.njit(nogil=True, fastmath=True, cache=True)
     _rebuild_jit = _jit(_rebuild)
     run_max = _jit(_run_max)
+    table_maxsim = _jit(_table_maxsim)
 else:  # pragma: no cover
     _rebuild_jit = _rebuild
-    run_max = None
+    run_max = table_maxsim = None

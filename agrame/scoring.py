@@ -179,6 +179,30 @@ def compressed_run_max(queries: torch.Tensor, centroids: np.ndarray, codes: np.n
     return segment_max(similarity(queries, vectors), owners, len(lengths))
 
 
+def lookup_maxsim(table: torch.Tensor, codes: np.ndarray, lo: np.ndarray, hi: np.ndarray, *,
+                  compiled: bool | None = None) -> torch.Tensor:
+    """:func:`segment_maxsim` of runs whose similarities are looked up: ``[R]``, run ``r`` (tokens
+    ``lo[r] … hi[r]`` of ``codes``) scored Σ_i max_t ``table[i, codes[t]]`` (−inf for an empty run). With
+    ``table`` the query's centroid similarities ``[Lq, K]``, a passage's centroid-only score (PLAID's
+    stage 3). ``compiled`` (default: when numba is there): one pass over the codes where they lie,
+    instead of gathering them and a ``[Lq, n]`` matrix first; else that array path, the reference."""
+    from . import kernels
+
+    lo = np.ascontiguousarray(lo, dtype=np.int64)
+    hi = np.ascontiguousarray(hi, dtype=np.int64)
+    if compiled is None:
+        compiled = kernels.AVAILABLE
+    if compiled:
+        out = np.empty(len(lo), dtype=np.float32)
+        kernels.table_maxsim(np.ascontiguousarray(table.detach().cpu().float().numpy().T), np.asarray(codes), lo, hi, out)
+        return torch.from_numpy(out)
+    lengths = hi - lo
+    rows = np.repeat(lo - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) + np.arange(int(lengths.sum()))
+    gathered = torch.from_numpy(np.asarray(codes[rows], dtype=np.int64))
+    owners = torch.repeat_interleave(torch.arange(len(lo)), torch.from_numpy(lengths))
+    return segment_maxsim(torch.index_select(table.float(), 1, gathered), owners, len(lo))
+
+
 def nested_segment_maxsim(
     sim: torch.Tensor,
     segment_ids: torch.Tensor,

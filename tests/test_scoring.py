@@ -295,3 +295,20 @@ def test_compressed_run_max_scores_a_codec_as_its_decompression_does():
         owners = torch.repeat_interleave(torch.arange(3), torch.from_numpy(np.diff(starts)))
         want = scoring.segment_max(q @ codec.decompress(codes, packed).T, owners, 3)
         assert torch.allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_lookup_maxsim_equals_the_naive_loop(compiled):
+    # Runs anywhere in the codes (out of order, overlapping, empty): Σ_i max_t table[i, codes[t]].
+    rng = np.random.default_rng(1)
+    table = torch.from_numpy(rng.standard_normal((6, 40)).astype(np.float32))
+    codes = rng.integers(0, 40, 300).astype(np.uint16)
+    lo = np.array([250, 0, 10, 7, 299, 120])
+    hi = np.array([300, 12, 10, 30, 300, 121])
+    got = scoring.lookup_maxsim(table, codes, lo, hi, compiled=compiled)
+    for r in range(len(lo)):
+        if lo[r] == hi[r]:
+            assert got[r] == float("-inf")
+        else:
+            want = sum(max(float(table[i, codes[t]]) for t in range(lo[r], hi[r])) for i in range(6))
+            assert math.isclose(float(got[r]), want, abs_tol=1e-5)

@@ -446,10 +446,8 @@ class Index(BaseIndex):
     def _prune_by_codes(self, cs: torch.Tensor, unique: np.ndarray, ncandidates: int, with_scores: bool = False):
         """Stage 2b: Σ_i max over all the passage's tokens' centroids keeps ``ncandidates`` passages."""
         store = self.store
-        codes = torch.from_numpy(store.codes_of(unique))
-        owners = torch.repeat_interleave(torch.arange(len(unique)), torch.from_numpy(store.doclens[unique]))
-        # index_select gathers 141k columns in 1.4 ms, cs[:, codes] in 3.7 (pooled corpus, 1 thread).
-        approx = scoring.segment_maxsim(torch.index_select(cs, 1, codes), owners, len(unique))
+        lo = store.starts[unique]
+        approx = scoring.lookup_maxsim(cs, store.codes, lo, lo + store.doclens[unique])
         best = _top_indices(approx, min(ncandidates, len(unique)))
         return (unique[best], approx[best].numpy()) if with_scores else unique[best]
 

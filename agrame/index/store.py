@@ -945,9 +945,6 @@ class Store:
         pids = np.asarray(pids, dtype=np.int64)
         return _ranges(self.starts[pids], self.doclens[pids])
 
-    def codes_of(self, pids: np.ndarray) -> np.ndarray:
-        return np.asarray(self.codes[self.token_rows(pids)], dtype=np.int64)
-
     def corpus(self, pids: Sequence[int], with_sentences: bool = True, with_offsets: bool = True,
                lazy: bool = False) -> EncodedCorpus:
         """Decompress passages ``pids`` into an :class:`EncodedCorpus` (in that order) for exact scoring.
