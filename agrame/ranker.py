@@ -207,13 +207,8 @@ def score_corpus(
     shared = s_vecs is q_vecs
     # Vectors that decompress as they are read (agrame.index.codec.CompressedVectors) ask for smaller chunks.
     chunk_tokens = min(chunk_tokens, getattr(corpus.vectors, "chunk_tokens", chunk_tokens))
-    # Passage scores of compressed vectors in one compiled pass (agrame.scoring.compressed_run_max); the
-    # precise (float64) scores, sentences and spans decompress.
-    compressed_runs = (granularity == "passage" and not precise and hasattr(corpus.vectors, "run_max")
-                       and q_vecs.device.type == "cpu" and scoring.compiled_runs())
-    if compressed_runs:  # its loop keeps a passage in the cache: one chunk per thread, no pool round trips to pay
-        total = int(corpus.passage_starts[-1])
-        chunk_tokens = max(1, -(-total // max(1, torch.get_num_threads())))
+    compressed_runs = _compressed_chunk_tokens(q_vecs, corpus, granularity, precise)
+    chunk_tokens = compressed_runs or chunk_tokens
 
     def score_chunk(bounds: Tuple[int, int]) -> list:
         # Each chunk writes its own passages' and sentences' slices only, so chunks may run concurrently.
@@ -252,18 +247,7 @@ def score_corpus(
                 local = torch.where(tok_sent >= 0, tok_sent - s_lo, tok_sent)
                 sentence_scores[s_lo:s_hi] = scoring.segment_maxsim(s_sim, local, s_hi - s_lo)
             return found
-        for p in range(p_lo, p_hi):
-            if p not in span_table:
-                continue
-            sl = corpus.passage_tokens(p)
-            mask = corpus.span_mask(p, span_table[p])
-            empty = (~mask.any(dim=1)).nonzero().flatten().tolist()
-            if empty:
-                raise ValueError(f"passage {corpus.ids[p]!r}: span {span_table[p][empty[0]]} covers "
-                                 "no scorable token (only punctuation or whitespace)")
-            scores = scoring.span_maxsim(s_sim[:, sl.start - t_lo:sl.stop - t_lo], mask)
-            found.extend((p, span, float(s)) for span, s in zip(span_table[p], scores))
-        return found
+        return _span_hits(corpus, span_table, s_sim, p_lo, p_hi, t_lo)
 
     chunks = list(_chunks(corpus.passage_starts, chunk_tokens))
     # Lazily decompressed vectors spend most of a chunk in numpy's gathers, which release the GIL: with
@@ -276,6 +260,35 @@ def score_corpus(
         per_chunk = [score_chunk(bounds) for bounds in chunks]
     span_results = [hit for found in per_chunk for hit in found]
     return CorpusScores(passage_scores, sentence_scores, span_results)
+
+
+def _compressed_chunk_tokens(q_vecs: torch.Tensor, corpus: EncodedCorpus, granularity: str,
+                             precise: bool) -> Optional[int]:
+    """Tokens a chunk when passage scores come from compressed vectors in one compiled pass
+    (:func:`agrame.scoring.compressed_run_max`), else None (precise float64 scores, sentences and spans
+    decompress). Its loop keeps a passage in the cache: one chunk per thread, no pool round trips to pay."""
+    if not (granularity == "passage" and not precise and hasattr(corpus.vectors, "run_max")
+            and q_vecs.device.type == "cpu" and scoring.compiled_runs()):
+        return None
+    return max(1, -(-int(corpus.passage_starts[-1]) // max(1, torch.get_num_threads())))
+
+
+def _span_hits(corpus: EncodedCorpus, span_table, s_sim: torch.Tensor, p_lo: int, p_hi: int, t_lo: int) -> list:
+    """``(passage, span, score)`` of the stored spans of passages ``p_lo:p_hi`` (their tokens' similarities
+    ``s_sim``, whose first column is token ``t_lo``)."""
+    found = []
+    for p in range(p_lo, p_hi):
+        if p not in span_table:
+            continue
+        sl = corpus.passage_tokens(p)
+        mask = corpus.span_mask(p, span_table[p])
+        empty = (~mask.any(dim=1)).nonzero().flatten().tolist()
+        if empty:
+            raise ValueError(f"passage {corpus.ids[p]!r}: span {span_table[p][empty[0]]} covers "
+                             "no scorable token (only punctuation or whitespace)")
+        scores = scoring.span_maxsim(s_sim[:, sl.start - t_lo:sl.stop - t_lo], mask)
+        found.extend((p, span, float(s)) for span, s in zip(span_table[p], scores))
+    return found
 
 
 def rank_corpus(
