@@ -87,6 +87,45 @@ def _table_maxsim(table, codes, lo, hi, out):
         out[r] = total
 
 
+def _probed_maxsim(table, probe, offsets, pids, keep, slot_of, out_pids, out_scores):
+    """Passages of the inverted lists ``probe`` (``pids[offsets[c]:offsets[c + 1]]`` for each ``c``; only
+    those with ``keep[p]`` when ``keep`` is not empty), each once, into ``out_pids[:n]`` in the order first
+    met, and ``out_scores[:n]``: Σ_i max over the lists ``a`` holding the passage of ``table[a, i]`` (row
+    ``a`` the query's similarities to centroid ``probe[a]``) — a MaxSim over the probed centroids alone
+    (PLAID's stage 2). ``slot_of`` (−1 for every passage) is scratch, left as it was found. Returns ``n``."""
+    width = table.shape[1]
+    n = 0
+    for a in range(probe.shape[0]):
+        c = probe[a]
+        for e in range(offsets[c], offsets[c + 1]):
+            p = pids[e]
+            if keep.shape[0] and not keep[p]:
+                continue
+            if slot_of[p] < 0:
+                slot_of[p] = n
+                out_pids[n] = p
+                n += 1
+    best = np.full((max(n, 1), width), -np.inf, dtype=np.float32)
+    for a in range(probe.shape[0]):
+        c = probe[a]
+        row = table[a]
+        for e in range(offsets[c], offsets[c + 1]):
+            p = pids[e]
+            if keep.shape[0] and not keep[p]:
+                continue
+            b = best[slot_of[p]]
+            for i in range(width):
+                if row[i] > b[i]:
+                    b[i] = row[i]
+    for s in range(n):
+        total = np.float32(0.0)
+        for i in range(width):
+            total += best[s, i]
+        out_scores[s] = total
+        slot_of[out_pids[s]] = -1
+    return n
+
+
 if AVAILABLE:
     # fastmath: the dot products and norms may be summed in any order (vectorised), which moves a float32
     # score by a few ulps — inside the bound agrame.index.search.exact_margin allows for any float32 order.
@@ -95,6 +134,7 @@ if AVAILABLE:
     _rebuild_jit = _jit(_rebuild)
     run_max = _jit(_run_max)
     table_maxsim = _jit(_table_maxsim)
+    probed_maxsim = _jit(_probed_maxsim)
 else:  # pragma: no cover
     _rebuild_jit = _rebuild
-    run_max = table_maxsim = None
+    run_max = table_maxsim = probed_maxsim = None

@@ -49,7 +49,7 @@ MAX_LOSS = 0.5
 @dataclass(frozen=True)
 class Codec:
     name: str
-    kind: str  # "scalar" or "pq"
+    kind: str  # "scalar", "pq" or "opq" (pq after a learned rotation, faiss's OPQMatrix)
     nbits: int  # scalar: bits a dimension; pq: bits a sub-vector code
     m: int = 0  # pq: sub-vectors
 
@@ -60,7 +60,10 @@ class Codec:
 CODECS = (Codec("scalar 2-bit (today)", "scalar", 2), Codec("scalar 1-bit", "scalar", 1),
           Codec("PQ 32 × 8 bits", "pq", 8, 32), Codec("PQ 16 × 8 bits", "pq", 8, 16),
           Codec("PQ 16 × 6 bits", "pq", 6, 16), Codec("PQ 32 × 4 bits", "pq", 4, 32),
-          Codec("PQ 8 × 8 bits", "pq", 8, 8), Codec("PQ 16 × 4 bits", "pq", 4, 16))
+          Codec("PQ 8 × 8 bits", "pq", 8, 8), Codec("PQ 16 × 4 bits", "pq", 4, 16),
+          # added 2026-11-29, under the same rule, before their rows were measured
+          Codec("PQ 16 × 7 bits", "pq", 7, 16), Codec("OPQ 16 × 6 bits", "opq", 6, 16),
+          Codec("OPQ 16 × 7 bits", "opq", 7, 16), Codec("OPQ 16 × 8 bits", "opq", 8, 16))
 CHUNK = 1 << 18
 
 
@@ -76,6 +79,12 @@ class TableVectors:
         if normalize and len(vectors):
             vectors /= vectors.norm(dim=1, keepdim=True).clamp_min_(1e-12)
         return vectors
+
+    def table_form(self, codes: np.ndarray, packed: np.ndarray) -> tuple:
+        """The compiled exact stage's form (:func:`agrame.scoring.compressed_run_max`): a zero centroid plus
+        one group as wide as a token, its table row the token's reconstruction (the same float32 sums)."""
+        return (np.zeros((1, self.table.shape[1]), dtype=np.float32), np.zeros(len(codes), dtype=np.int64),
+                np.asarray(packed, dtype=np.int64).reshape(-1, 1), self.table)
 
     def __getattr__(self, name):
         return getattr(self.codec, name)
@@ -99,6 +108,11 @@ def reconstruct(spec: Codec, index_codec, original, codes: np.ndarray, sample: n
         cutoffs = np.quantile(sample.ravel(), np.arange(1, buckets) / buckets).astype(np.float32)
         weights = np.quantile(sample.ravel(), (np.arange(buckets) + 0.5) / buckets).astype(np.float32)
     else:
+        rotation = None
+        if spec.kind == "opq":
+            rotation = faiss.OPQMatrix(dim, spec.m)
+            rotation.train(np.ascontiguousarray(sample))
+            sample = rotation.apply_py(np.ascontiguousarray(sample))
         pq = faiss.ProductQuantizer(dim, spec.m, spec.nbits)
         pq.train(np.ascontiguousarray(sample))
     table = np.empty((len(codes), dim), dtype=np.float32)
@@ -108,11 +122,14 @@ def reconstruct(spec: Codec, index_codec, original, codes: np.ndarray, sample: n
         residual = np.asarray(original[lo:hi], dtype=np.float32) - base
         if spec.kind == "scalar":
             coded = weights[np.searchsorted(cutoffs, residual, side="right")]
-        else:
+        elif rotation is None:
             coded = pq.decode(pq.compute_codes(np.ascontiguousarray(residual)))
+        else:
+            coded = rotation.reverse_transform(pq.decode(pq.compute_codes(rotation.apply_py(np.ascontiguousarray(residual)))))
         table[lo:hi] = base
         table[lo:hi] += coded  # (the codec's own order of operations: centroid, then += residual)
-    book = 4 * (len(weights) + len(cutoffs)) if spec.kind == "scalar" else 4 * pq.M * pq.ksub * pq.dsub
+    book = 4 * (len(weights) + len(cutoffs)) if spec.kind == "scalar" else \
+        4 * pq.M * pq.ksub * pq.dsub + (4 * dim * dim if spec.kind == "opq" else 0)
     return table, book
 
 
@@ -132,6 +149,17 @@ def score_codec(spec: Codec, store, codes: np.ndarray, original, sample: np.ndar
             want = real_codec.decompress(np.asarray(store.codes[check]), np.asarray(real_residuals[check]))
             if not torch.equal(got, want):
                 raise SystemExit("error: the table's 2-bit vectors are not the index's decompressed ones")
+            # and the exact stage's compiled loop gives the same scores from the table as from the codes
+            from agrame import scoring
+            hi = int(store.starts[min(200, len(store))])
+            starts = np.asarray(store.starts[:min(200, len(store)) + 1])
+            queries = torch.nn.functional.normalize(torch.randn(16, real_codec.dim, generator=torch.Generator().manual_seed(seed)), dim=1)
+            got = scoring.compressed_run_max(queries, *store.codec.table_form(np.asarray(store.codes[:hi]),
+                                                                              store.residuals[:hi]), starts)
+            want = scoring.compressed_run_max(queries, *real_codec.table_form(np.asarray(store.codes[:hi]),
+                                                                              np.asarray(real_residuals[:hi])), starts)
+            if not torch.equal(got, want):
+                raise SystemExit("error: the table's 2-bit scores are not the index's compiled ones")
         coded_seconds = time.perf_counter() - start
         metrics = evaluate(spec.name)
     finally:

@@ -16,7 +16,7 @@ from agrame.encoder import EncodedPassage
 from agrame.index import Index, IndexFolderError, ResidualCodec, add_passages, build_index, num_centroids
 from agrame.index.codec import pack_bits, unpack_bits
 from agrame.index.format import check_model, index_model_name
-from agrame.index.ivf import build_ivf, merge_ivf, unique_pairs
+from agrame.index.ivf import build_ivf, decode_varint, encode_varint, merge_ivf, unique_pairs
 from agrame.index.writer import build_compressed
 from agrame.ranker import Ranker, rank_corpus
 
@@ -105,6 +105,49 @@ def test_ivf_matches_naive_lists_and_merge(pairs, split):
     merged = merge_ivf(build_ivf(unique_pairs(codes[first], pids[first]), 8),
                        unique_pairs(codes[~first], pids[~first]), 8)
     assert merged.offsets.tolist() == ivf.offsets.tolist() and merged.pids.tolist() == ivf.pids.tolist()
+
+
+def _naive_varint(ivf) -> bytes:
+    out = bytearray()
+    for c in range(len(ivf.offsets) - 1):
+        previous = 0
+        for pid in ivf.pids[ivf.offsets[c]:ivf.offsets[c + 1]].tolist():
+            gap, previous = pid - previous, pid
+            while gap >= 0x80:
+                out.append(gap & 0x7F | 0x80)
+                gap >>= 7
+            out.append(gap)
+    return bytes(out)
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from([0, 1, 127, 128, 16383, 16384, 2 ** 21, 2 ** 31 - 1])
+                          | st.integers(0, 300)), max_size=60))
+def test_varint_lists_match_a_naive_loop_and_read_back(pairs):
+    codes = np.array([c for c, _ in pairs], dtype=np.int64)
+    pids = np.array([p for _, p in pairs], dtype=np.int64)
+    ivf = build_ivf(unique_pairs(codes, pids), 6)
+    data = encode_varint(ivf)
+    assert data == _naive_varint(ivf)
+    back = decode_varint(np.frombuffer(data, np.uint8), ivf.offsets, 2 ** 31)
+    assert back.dtype == np.int32 and back.tolist() == ivf.pids.tolist()
+
+
+def test_a_damaged_varint_stream_is_refused():
+    ivf = build_ivf(unique_pairs(np.array([0, 0, 1, 2]), np.array([3, 900, 5, 7])), 3)
+    data = np.frombuffer(encode_varint(ivf), np.uint8)
+    assert decode_varint(data, ivf.offsets, 901).tolist() == [3, 900, 5, 7]
+    with pytest.raises(ValueError, match="whole values"):
+        decode_varint(data[:-1], ivf.offsets, 901)  # a value cut short
+    with pytest.raises(ValueError, match="whole values"):
+        decode_varint(np.append(data, 1).astype(np.uint8), ivf.offsets, 901)  # one value too many
+    with pytest.raises(ValueError, match="passage 900 of 900"):
+        decode_varint(data, ivf.offsets, 900)
+    flat = data.copy()
+    flat[1:3] = [0x80, 0]  # 900's gap after 3 (897: two bytes) becomes 0: not ascending
+    with pytest.raises(ValueError, match="not ascending"):
+        decode_varint(flat, ivf.offsets, 901)
+    with pytest.raises(ValueError, match="over 5 bytes"):
+        decode_varint(np.array([0x80] * 5 + [1, 1, 1, 1], np.uint8), np.array([0, 2, 3, 4]), 901)
 
 
 # -- search ----------------------------------------------------------------------------------

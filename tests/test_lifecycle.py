@@ -393,6 +393,29 @@ def test_an_index_written_before_this_change_opens_and_changes(tmp_path, tiny_en
     assert not (tmp_path / "old" / "ivf-1.pids.bin").exists()  # superseded files go with the next write
     verify_crc(tmp_path / "old")
     assert len(before) == len(QUERIES) * 2
+    # its inverted file keeps its int32 passages through the writes (the format an older reader knows)
+    m = index.manifest
+    assert "ivf_pids" not in m
+    g = m["ivf_generation"]
+    assert m["files"][f"ivf-{g}.pids.bin"]["size"] == 4 * int(index.store.ivf.offsets[-1])
+    index.compact()
+    assert "ivf_pids" not in index.manifest and index.search("glaciers", "passage", top_k=1)[0].passage_id == "p9"
+
+
+def test_a_new_index_stores_its_lists_as_varint_gaps(built, tmp_path, tiny_encoder):
+    index = Index(built, model=tiny_encoder)
+    assert index.manifest["ivf_pids"] == "varint"
+    pairs = int(index.store.ivf.offsets[-1])
+    assert index.manifest["files"]["ivf-1.pids.bin"]["size"] < 4 * pairs  # (6 passages: a byte each)
+    index.upsert([Passage("p9", EXTRA[0])])
+    index.delete(["p0"], compact_threshold=None)
+    index.compact()
+    assert index.manifest["ivf_pids"] == "varint"
+    # the lists read back are the passages holding each centroid's tokens
+    store = index.store
+    for c in range(store.codec.num_centroids):
+        want = [p for p in range(len(store)) if c in set(store.codes[store.starts[p]:store.starts[p + 1]].tolist())]
+        assert store.ivf.pids[store.ivf.offsets[c]:store.ivf.offsets[c + 1]].tolist() == want
 
 
 # -- command line ----------------------------------------------------------------------------

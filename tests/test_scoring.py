@@ -312,3 +312,30 @@ def test_lookup_maxsim_equals_the_naive_loop(compiled):
         else:
             want = sum(max(float(table[i, codes[t]]) for t in range(lo[r], hi[r])) for i in range(6))
             assert math.isclose(float(got[r]), want, abs_tol=1e-5)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("filtered", [False, True])
+def test_probed_maxsim_equals_the_naive_loop(compiled, filtered):
+    # Inverted lists (some empty, passages shared between lists): each passage of the probed lists once,
+    # scored Σ_i max over the probed centroids whose list holds it; a keep mask drops passages first.
+    rng = np.random.default_rng(2)
+    K, N = 12, 50
+    lists = [sorted(rng.choice(N, rng.integers(0, 9), replace=False).tolist()) for _ in range(K)]
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int64)
+    pids = np.array([p for x in lists for p in x], dtype=np.int32)
+    table = torch.from_numpy(rng.standard_normal((5, K)).astype(np.float32))
+    keep = rng.random(N) < 0.6 if filtered else None
+    for probe in (np.array([3, 0, 7, 11, 5]), np.arange(K), np.array([], dtype=np.int64)):
+        got_pids, got = scoring.probed_maxsim(table, probe, offsets, pids, N, keep, compiled=compiled)
+        want = {}
+        for c in probe.tolist():
+            for p in lists[c]:
+                if keep is None or keep[p]:
+                    want.setdefault(p, []).append(c)
+        assert sorted(got_pids.tolist()) == sorted(want) and len(got_pids) == len(want)
+        for p, score in zip(got_pids.tolist(), got.tolist()):
+            expect = sum(max(float(table[i, c]) for c in want[p]) for i in range(5))
+            assert math.isclose(score, expect, abs_tol=1e-5)
+    if compiled:  # the scratch map is left clean for the next call (another index, another size)
+        assert (scoring._scratch.slots == -1).all()

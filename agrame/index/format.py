@@ -140,10 +140,13 @@ MANIFEST_FIELDS = {"format", "generation", "agrame_version", "created", "updated
                    "num_centroids", "code_dtype", "codec", "num_passages", "num_tokens", "num_sentences", "has_spans",
                    "token_offsets", "files", "search", "ivf_generation", "tombstones", "num_deleted", "metadata",
                    "store", "checksum", "vectors_dtype", "metadata_digest", "pool_factor", "num_original_tokens",
-                   "pq_subvectors"}
+                   "pq_subvectors", "ivf_pids"}
 
 
 CODE_SIZES = {"<u2": 2, "<i4": 4}  # bytes of a centroid code by its dtype
+#: How an inverted file stores its lists' passages (manifest field ``"ivf_pids"``, absent: the first;
+#: :mod:`.ivf`): int32, or varint gaps since 2026-11-29.
+IVF_PIDS = ("int32", "varint")
 
 
 def residuals_of(manifest: dict) -> Optional[str]:
@@ -188,6 +191,8 @@ def _check_v2_fields(m: dict, bad) -> None:
         bad("generation", "must be a positive integer")
     if not _is_int(m.get("ivf_generation", m["generation"]), 1, m["generation"]):
         bad("ivf_generation", "must be a positive integer no larger than 'generation'")
+    if m.get("ivf_pids", IVF_PIDS[0]) not in IVF_PIDS:
+        bad("ivf_pids", f"must be one of {', '.join(IVF_PIDS)}")
     if "pq_subvectors" in m:
         if m.get("nbits") not in (4, 6, 8):
             bad("nbits", "must be 4, 6 or 8 (bits a product-quantizer code)")

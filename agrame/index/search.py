@@ -405,20 +405,12 @@ class Index(BaseIndex):
             nprobe = int(min(cs.shape[1], np.ceil(nprobe * store.num_live / max(1, count))))
         while True:
             probe = torch.topk(cs, min(nprobe, cs.shape[1]), dim=1).indices.unique().numpy()
-            lengths = store.ivf.offsets[probe + 1] - store.ivf.offsets[probe]
-            pids = store.ivf.lists(probe)
-            pair_centroid = np.repeat(probe, lengths)
-            if allowed is not None:
-                keep = allowed[pids]
-                pids, pair_centroid = pids[keep], pair_centroid[keep]
-            unique, local = np.unique(pids, return_inverse=True)
+            unique, approx = scoring.probed_maxsim(cs, probe, store.ivf.offsets, store.ivf.pids, len(store), allowed)
             if allowed is None or len(unique) >= ncandidates or nprobe >= cs.shape[1]:
                 break
             nprobe = min(cs.shape[1], 2 * nprobe)
-        if pids.size == 0:
-            return (pids, np.zeros(0, dtype=np.float32)) if with_scores else pids
-        approx = scoring.segment_maxsim(torch.index_select(cs, 1, torch.from_numpy(pair_centroid)),
-                                        torch.from_numpy(local), len(unique))
+        if unique.size == 0:
+            return (unique, np.zeros(0, dtype=np.float32)) if with_scores else unique
         pool = min(len(unique), PRUNE_FACTOR * ncandidates)
         if pool < len(unique):
             unique = unique[_top_indices(approx, pool)]

@@ -22,7 +22,8 @@ Files (raw little-endian arrays, all append-only except the per-generation inver
                        stored vector it went to (:func:`agrame.pooling.encode_assignment`; with the
                        tokenizer's offsets it gives the vectors' offsets back)
 ``origlens.bin``       in a pooled index: ``[N]`` int32 original tokens per passage
-``ivf-G.offsets.bin``  ``[K+1]`` int64 CSR starts; ``ivf-G.pids.bin``: int32 passages per centroid
+``ivf-G.offsets.bin``  ``[K+1]`` int64 CSR starts; ``ivf-G.pids.bin``: passages per centroid, varint gaps
+                       (``"ivf_pids": "varint"``) or int32 (no field, before 2026-11-29; :mod:`.ivf`)
 =====================  ==========================================================
 
 Token offsets are not stored by default (``"token_offsets": "tokenizer"``: 6 of ~44 bytes per
@@ -56,9 +57,9 @@ from ..pooling import check_pool_factor, decode_assignment, pool_passage, pooled
 from ..spans import normalize_span, sorted_token_segments, split_sentences
 from .codec import (PQ_TRAIN_POINTS, CompressedVectors, ProductCodec, ResidualCodec, num_centroids,
                     parse_residuals, residuals_option, train_codec_of)
-from .format import (FORMAT_V2, MANIFEST, IndexDamagedError, IndexFolderError, check_files, crc32_file, ivf_generation,
+from .format import (FORMAT_V2, IVF_PIDS, MANIFEST, IndexDamagedError, IndexFolderError, check_files, crc32_file, ivf_generation,
                      model_block, read_manifest, replace_file, store_root, writing, VERIFY_LIMIT)
-from .ivf import InvertedFile, _ranges, build_ivf, unique_pairs
+from .ivf import InvertedFile, _ranges, build_ivf, decode_varint, encode_varint, unique_pairs
 from .metadata import DIGEST_FIELD, METADATA_FILE, MetadataDB
 
 TOKEN_DTYPE = np.dtype([("start", "<i4"), ("length", "<u2")])
@@ -408,9 +409,15 @@ def read_codec(root: Path, m: dict) -> ResidualCodec:
     return ResidualCodec(centroids, buckets[:B - 1], buckets[B - 1:], m["nbits"])
 
 
-def _ivf_files(folder: Path, ivf: InvertedFile, generation: int, files: Dict[str, dict]) -> None:
+def ivf_pids(manifest: dict) -> str:
+    """How an index's inverted file stores its passages (:data:`~.ivf.IVF_PIDS`)."""
+    return manifest.get("ivf_pids", IVF_PIDS[0])
+
+
+def _ivf_files(folder: Path, ivf: InvertedFile, generation: int, files: Dict[str, dict], encoding: str) -> None:
     _write_fixed(folder, f"ivf-{generation}.offsets.bin", ivf.offsets.astype("<i8").tobytes(), files)
-    _write_fixed(folder, f"ivf-{generation}.pids.bin", ivf.pids.astype("<i4").tobytes(), files)
+    _write_fixed(folder, f"ivf-{generation}.pids.bin",
+                 encode_varint(ivf) if encoding == "varint" else ivf.pids.astype("<i4").tobytes(), files)
 
 
 def write_store(folder: Path, encoder: Encoder, passages: Sequence[Passage], *, nbits=None,
@@ -481,7 +488,7 @@ def write_blocks(folder: Path, model: dict, codec: ResidualCodec, codec_info: di
         raise IndexFolderError(f"{writer.next_pid} passages written for {len(passages)} given")
     files.update(out.files)
     ivf = build_ivf(np.concatenate(writer.pairs), codec.num_centroids)
-    _ivf_files(folder, ivf, generation, files)
+    _ivf_files(folder, ivf, generation, files, "varint")
     db = MetadataDB(folder / METADATA_FILE, writable=True, create=True)
     try:
         digest = db.insert((pos, p.id, p.metadata) for pos, p in enumerate(passages))
@@ -495,7 +502,7 @@ def write_blocks(folder: Path, model: dict, codec: ResidualCodec, codec_info: di
         "codec": codec_info, "num_passages": writer.next_pid, "num_tokens": writer.tokens,
         "num_sentences": writer.sentences, "has_spans": writer.has_spans,
         "token_offsets": "stored" if store_offsets else "tokenizer", "files": files,
-        "metadata": METADATA_FILE, DIGEST_FIELD: digest,
+        "metadata": METADATA_FILE, DIGEST_FIELD: digest, "ivf_pids": "varint",
         **({"pool_factor": pool_factor, "num_original_tokens": writer.original_tokens} if pool_factor != 1 else {}),
         # the budgets chosen for this model (its settings'), else the package's at search time
         **({"search": dict(model["settings"]["search"])} if model.get("settings", {}).get("search") else {}),
@@ -652,11 +659,7 @@ class Store:
             self.sentences = np.fromfile(self.root / "sentences.bin", dtype="<i4",
                                          count=2 * m["num_sentences"]).reshape(-1, 2)
             self.passage_offsets = np.fromfile(self.root / "passage_offsets.bin", dtype="<i8", count=N)
-            g = ivf_generation(m)
-            self.ivf = InvertedFile(np.fromfile(self.root / f"ivf-{g}.offsets.bin", dtype="<i8",
-                                                count=m["num_centroids"] + 1),
-                                    self._map(f"ivf-{g}.pids.bin", np.int32,
-                                              (files[f"ivf-{g}.pids.bin"]["size"] // 4,)))
+            self.ivf = self._read_ivf(m)
             tombstones = m.get("tombstones")
             self.deleted = (np.fromfile(self.root / tombstones, dtype="<i4", count=files[tombstones]["size"] // 4)
                             .astype(np.int64) if tombstones else np.zeros(0, dtype=np.int64))
@@ -682,6 +685,18 @@ class Store:
         self.meta: Optional[MetadataDB] = None
         if m.get("metadata"):
             self._open_metadata(verify if verify_meta is None else verify_meta)
+
+    def _read_ivf(self, m: dict) -> InvertedFile:
+        g = ivf_generation(m)
+        offsets = np.fromfile(self.root / f"ivf-{g}.offsets.bin", dtype="<i8", count=m["num_centroids"] + 1)
+        if offsets[0] != 0 or (np.diff(offsets) < 0).any():
+            raise ValueError(f"ivf-{g}.offsets.bin is not ascending from 0")
+        name, size = f"ivf-{g}.pids.bin", m["files"][f"ivf-{g}.pids.bin"]["size"]
+        if ivf_pids(m) == "varint":
+            return InvertedFile(offsets, decode_varint(self._map(name, np.uint8, (size,)), offsets, m["num_passages"]))
+        if size != 4 * offsets[-1]:
+            raise ValueError(f"{name} holds {size // 4} passages, its offsets {offsets[-1]}")
+        return InvertedFile(offsets, self._map(name, np.int32, (size // 4,)))
 
     def _open_metadata(self, verify: bool | str) -> None:
         """The metadata file, checked against the manifest's digest (its rows' checksums kept for the reads)."""

@@ -45,7 +45,7 @@ from .ivf import _ranges, build_ivf, merge_ivf, unique_pairs
 from .lock import LOCK_FILE, WriterLock, build_lock, pid_alive
 from .metadata import DIGEST_FIELD, METADATA_FILE, MetadataDB, add_digests, validate_metadata
 from .store import (APPEND_FILES, ORIGLENS_FILE, POOL_FILE, SENTENCE_TOKENS_FILE, TOKENS_FILE, Store, _Appender, _ChunkWriter,
-                    _codec_files, _encode_chunks, _ivf_files, _write_fixed, append_files, default_pool_factor,
+                    _codec_files, _encode_chunks, _ivf_files, _write_fixed, append_files, default_pool_factor, ivf_pids,
                     offsets_stored, pool_factor,
                     write_store)
 
@@ -659,7 +659,7 @@ class IndexWriter:
         old = ivf_generation(new)
         for suffix in ("offsets", "pids"):
             files.pop(f"ivf-{old}.{suffix}.bin", None)
-        _ivf_files(root, ivf, generation, files)
+        _ivf_files(root, ivf, generation, files, ivf_pids(new))
         if factor != 1:
             new["num_original_tokens"] = int(new["num_original_tokens"]) + writer.original_tokens
         new.update(ivf_generation=generation, num_passages=writer.next_pid,
@@ -731,7 +731,7 @@ class IndexWriter:
                 out.close()
             files.update(out.files)
             _ivf_files(folder, build_ivf(np.concatenate(pairs) if pairs else np.zeros(0, np.int64),
-                                         store.codec.num_centroids), generation, files)
+                                         store.codec.num_centroids), generation, files, ivf_pids(manifest))
             db = MetadataDB(folder / METADATA_FILE, writable=True, create=True)
             try:
                 if store.meta is not None:
