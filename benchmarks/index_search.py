@@ -82,15 +82,16 @@ class PoolVectors:
 
 
 def _bits(nbits) -> str:
-    """A residual codec in file names: ``2b`` (2 bits a dimension, the names cached results have), ``pq16x6``."""
+    """A residual codec in file names: ``2b`` (2 bits a dimension, the names cached results have), ``pq16x6``,
+    ``opq16x7``."""
     from agrame.index.codec import parse_residuals
 
     kind, bits, m = parse_residuals(nbits)
-    return f"pq{m}x{bits}" if kind == "pq" else f"{bits}b"
+    return f"{bits}b" if kind == "scalar" else f"{kind}{m}x{bits}"
 
 
 def codec_arg(value: str):
-    """``--nbits``: 1, 2, 4, 8 bits a dimension or ``pqMxB`` (:func:`agrame.index.codec.parse_residuals`)."""
+    """``--nbits``: 1, 2, 4, 8 bits a dimension, ``pqMxB`` or ``opqMxB`` (:func:`agrame.index.codec.parse_residuals`)."""
     from agrame_app.commands.common import residual_codec
 
     return residual_codec(value)

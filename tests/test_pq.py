@@ -22,17 +22,18 @@ from agrame.index.lut import residual_tables, table_scores
 from test_index import TEXTS
 
 
-def random_pq(rng: np.random.Generator, dim: int, k: int, m: int, nbits: int) -> ProductCodec:
+def random_pq(rng: np.random.Generator, dim: int, k: int, m: int, nbits: int, rotate: bool = False) -> ProductCodec:
     centroids = rng.standard_normal((k, dim)).astype(np.float32)
     centroids /= np.linalg.norm(centroids, axis=1, keepdims=True)
     books = (0.1 * rng.standard_normal((m, 1 << nbits, dim // m))).astype(np.float32)
-    return ProductCodec(centroids, books, nbits)
+    rotation = np.linalg.qr(rng.standard_normal((dim, dim)))[0].astype(np.float32) if rotate else None
+    return ProductCodec(centroids, books, nbits, rotation)
 
 
 @settings(max_examples=40, deadline=None)
-@given(nbits=st.sampled_from([4, 6, 8]), quads=st.integers(1, 5), rows=st.integers(0, 6), seed=st.integers(0, 10_000))
+@given(nbits=st.sampled_from([4, 6, 7, 8]), quads=st.integers(1, 5), rows=st.integers(0, 6), seed=st.integers(0, 10_000))
 def test_pack_unpack_codes_round_trip(nbits, quads, rows, seed):
-    m = 4 * quads
+    m = (8 if nbits == 7 else 4) * quads
     codes = np.random.default_rng(seed).integers(0, 1 << nbits, size=(rows, m))
     packed = pack_codes(codes, nbits)
     assert packed.shape == (rows, m * nbits // 8) and packed.dtype == np.uint8
@@ -44,14 +45,25 @@ def test_six_bit_codes_are_packed_big_endian_four_in_three_bytes():
     assert pack_codes(np.array([[1, 2, 3, 4]]), 6).tolist() == [[0b00000100, 0b00100000, 0b11000100]]
 
 
+def test_seven_bit_codes_are_packed_big_endian_eight_in_seven_bytes():
+    codes = np.array([[1, 2, 3, 4, 5, 6, 7, 127]])
+    bits = "".join(format(c, "07b") for c in codes[0])
+    assert pack_codes(codes, 7).tolist() == [[int(bits[i:i + 8], 2) for i in range(0, 56, 8)]]
+    with pytest.raises(ValueError, match="whole number of bytes"):
+        pack_codes(np.zeros((1, 4), dtype=np.uint8), 7)
+
+
 @settings(max_examples=30, deadline=None)
-@given(m=st.sampled_from([2, 4, 8]), nbits=st.sampled_from([4, 6, 8]), n=st.integers(1, 30), seed=st.integers(0, 10_000))
-def test_quantize_and_decompress_equal_naive_loops(m, nbits, n, seed):
+@given(m=st.sampled_from([2, 4, 8]), nbits=st.sampled_from([4, 6, 7, 8]), n=st.integers(1, 30),
+       seed=st.integers(0, 10_000), rotate=st.booleans())
+def test_quantize_and_decompress_equal_naive_loops(m, nbits, n, seed, rotate):
     if nbits == 6 and m % 4:
         m = 4  # (6-bit codes come four to three bytes)
+    if nbits == 7:
+        m = 8  # (7-bit codes come eight to seven bytes)
     rng = np.random.default_rng(seed)
     dim = 8 * m if m < 8 else 16
-    codec = random_pq(rng, dim, 5, m, nbits)
+    codec = random_pq(rng, dim, 5, m, nbits, rotate)
     residuals = (0.1 * rng.standard_normal((n, dim))).astype(np.float32)
     codes = codec.quantize(residuals)
     sub = dim // m
@@ -63,17 +75,23 @@ def test_quantize_and_decompress_equal_naive_loops(m, nbits, n, seed):
     ids = rng.integers(0, 5, n)
     got = codec.decompress(ids, pack_codes(codes, nbits), normalize=False).numpy()
     for i in range(n):
-        want = codec.centroids32[ids[i]] + np.concatenate([codec.codebooks[s, codes[i, s]] for s in range(m)])
-        np.testing.assert_allclose(got[i], want, rtol=0, atol=1e-6)
+        coded = np.concatenate([codec.codebooks[s, codes[i, s]] for s in range(m)])
+        if rotate:  # the codewords code the rotated residual: rotated back
+            coded = codec.rotation @ coded
+        want = codec.centroids32[ids[i]] + coded
+        np.testing.assert_allclose(got[i], want, rtol=0, atol=1e-5)
     unit = codec.decompress(ids, pack_codes(codes, nbits)).numpy()
     np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-5)
 
 
 @settings(max_examples=30, deadline=None)
-@given(nbits=st.sampled_from([4, 6, 8]), n=st.integers(1, 40), length=st.integers(1, 5), seed=st.integers(0, 10_000))
-def test_table_scores_of_product_codes_equal_decompress_then_dot(nbits, n, length, seed):
+@given(nbits=st.sampled_from([4, 6, 7, 8]), n=st.integers(1, 40), length=st.integers(1, 5), seed=st.integers(0, 10_000),
+       rotate=st.booleans())
+def test_table_scores_of_product_codes_equal_decompress_then_dot(nbits, n, length, seed, rotate):
+    from agrame import scoring
+
     rng = np.random.default_rng(seed)
-    codec = random_pq(rng, 32, 7, 8, nbits)
+    codec = random_pq(rng, 32, 7, 8, nbits, rotate)
     ids = rng.integers(0, 7, n)
     packed = pack_codes(rng.integers(0, 1 << nbits, (n, 8)), nbits)
     q = torch.from_numpy(rng.standard_normal((length, 32)).astype(np.float32))
@@ -85,6 +103,15 @@ def test_table_scores_of_product_codes_equal_decompress_then_dot(nbits, n, lengt
     assert tables.shape == (length, 8, 1 << nbits)
     got = centroid_part + table_scores(tables, query_ids, codec.lookup_codes(packed))
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    # the compiled exact stage's form (rotated queries against rotated tokens): decompress-then-dot's maxima
+    starts = np.unique(np.concatenate([[0, n], rng.integers(0, n + 1, 3)]))
+    for compiled in (True, False):
+        runs = scoring.compressed_run_max(codec.table_queries(q), *codec.table_form(ids, packed), starts,
+                                          compiled=compiled)
+        unit = codec.decompress(ids, packed)
+        for r in range(len(starts) - 1):
+            want = (q @ unit[starts[r]:starts[r + 1]].T).amax(dim=1)
+            np.testing.assert_allclose(runs[:, r].numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_trained_codec_beats_the_centroid_alone_and_matches_faiss_reconstruction():
@@ -107,14 +134,21 @@ def test_trained_codec_beats_the_centroid_alone_and_matches_faiss_reconstruction
 
 def test_names_and_states():
     assert parse_residuals("pq16x6") == ("pq", 6, 16) and parse_residuals(2) == ("scalar", 2, 0)
+    assert parse_residuals("opq16x7") == ("opq", 7, 16) and residuals_name("OPQ16x7") == "opq16x7"
     assert residuals_name("4bit") == "4bit" and residuals_name("PQ8x8") == "pq8x8"
-    for bad in ("pq16x5", "pqx6", "3", "pq0x6"):
+    for bad in ("pq16x5", "pqx6", "3", "pq0x6", "opq4x7", "pq2x6"):
         with pytest.raises(ValueError, match="residual codec"):
             parse_residuals(bad)
     rng = np.random.default_rng(0)
     codec = random_pq(rng, 16, 3, 4, 6)
     again = codec_from_state(codec.state())
     assert isinstance(again, ProductCodec) and np.array_equal(again.codebooks, codec.codebooks)
+    assert again.rotation is None and again.name == "pq4x6"
+    rotated = random_pq(rng, 16, 3, 8, 7, rotate=True)
+    again = codec_from_state(rotated.state())
+    assert again.name == "opq8x7" and np.array_equal(again.rotation, rotated.rotation)
+    with pytest.raises(ValueError, match="orthonormal"):
+        ProductCodec(rotated.centroids, rotated.codebooks, 7, 2 * rotated.rotation)
     scalar = ResidualCodec(codec.centroids, np.zeros(3), np.arange(4), 2)
     assert isinstance(codec_from_state(scalar.state()), ResidualCodec)
     with pytest.raises(ValueError, match="do not fit"):
@@ -257,3 +291,40 @@ def test_a_ray_builds_work_folder_keeps_a_product_codec(tmp_path):
     _, again = work.resume("f")  # (what a resumed build and every Ray actor rebuild from)
     assert isinstance(again, ProductCodec) and again.nbits == 6
     assert np.array_equal(again.codebooks, codec.codebooks) and np.array_equal(again.centroids, codec.centroids)
+
+
+def test_an_index_with_rotated_seven_bit_codes_is_exact_and_keeps_its_rotation(tmp_path, tiny_encoder):
+    # opq8x7 at d = 16: 7 bytes a token, residuals rotated before they are quantized (issue 64's ≤ 20 B rows)
+    path = tmp_path / "ix"
+    passages = _passages()
+    build_index(tiny_encoder, passages[:4], path, nbits="opq8x7", progress=False)
+    m = json.loads((path / "manifest.json").read_text())
+    assert residuals_of(m) == "opq8x7" and m["pq_rotation"] is True and m["nbits"] == 7
+    assert m["files"]["opq.f32"]["size"] == 16 * 16 * 4 and m["files"]["residuals.bin"]["size"] == 7 * m["num_tokens"]
+    rotation = np.fromfile(path / "opq.f32", dtype="<f4").reshape(16, 16)
+    np.testing.assert_allclose(rotation.T @ rotation, np.eye(16), atol=1e-5)
+    assert not np.allclose(rotation, np.eye(16))  # (a learned rotation, not the identity)
+    with IndexWriter(path) as writer:
+        writer.add(tiny_encoder, passages[4:], progress=False)
+        writer.delete(["p2"])
+        writer.compact()
+    index = Index(path, model=tiny_encoder)
+    store = index.store
+    assert store.codec.name == "opq8x7" and np.array_equal(store.codec.rotation, rotation)
+    q = tiny_encoder.encode_query("coral reef bleaching", "Q").vectors.float()
+    want = {}
+    for p in range(len(store)):
+        rows = store.token_rows(np.array([p]))
+        vectors = store.codec.decompress(store.codes[rows], store.residuals[rows])
+        want[store.record(p)["id"]] = float((q @ vectors.T).amax(dim=1).sum())
+    for exact in (True, False):  # brute force (float64), and the staged search's compiled exact stage
+        hits = index.search_vectors(q, q, "passage", top_k=None if exact else len(store), exact=exact)
+        assert [h.passage_id for h in hits][:3] == sorted(want, key=lambda k: -want[k])[:3]
+        for h in hits:
+            assert h.score == pytest.approx(want[h.passage_id], abs=1e-4)
+    bad = {**m, "pq_rotation": False}
+    with pytest.raises(IndexFolderError, match="pq_rotation"):
+        validate_manifest(path, bad)
+    no_rotation = {**m, "files": {k: v for k, v in m["files"].items() if k != "opq.f32"}}
+    with pytest.raises(IndexFolderError, match="lacks opq.f32"):
+        validate_manifest(path, no_rotation)

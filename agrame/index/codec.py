@@ -3,7 +3,8 @@
 :class:`ResidualCodec` (ColBERTv2 §3) quantises the residual to ``nbits`` per dimension;
 :class:`ProductCodec` codes it by product quantization (Jégou et al., 2011): ``m`` sub-vectors of
 ``d/m`` dimensions, each the nearest of ``2^nbits`` codewords (``"pq16x6"``: 12 bytes a token at
-d = 128, where 2 bits a dimension take 32). Both expose the same interface — ``compress``,
+d = 128, where 2 bits a dimension take 32), optionally after a learned rotation of the residuals
+(optimized PQ, Ge et al., 2013: ``"opq16x7"``, faiss's ``OPQMatrix``). Both expose the same interface — ``compress``,
 ``decompress``, ``assign``, and the lookup tables of :mod:`.lut` — so the store, writer and search
 never ask which one they hold.
 
@@ -29,8 +30,8 @@ import torch
 from .. import scoring
 
 NBITS = (1, 2, 4, 8)
-#: Bits of one product-quantizer code (codes are packed; 6 bits: four codes in three bytes).
-PQ_NBITS = (4, 6, 8)
+#: Bits of one product-quantizer code (codes are packed; 6 bits: four codes in three bytes, 7: eight in seven).
+PQ_NBITS = (4, 6, 7, 8)
 #: Residuals a product quantizer is trained on, at most (2¹⁸: the sample ``benchmarks.residual_codecs`` chose
 #: the format with). A build's k-means sample alone leaves it a few thousand held-out ones (5% of 8 a centroid).
 PQ_TRAIN_POINTS = 1 << 18
@@ -38,15 +39,17 @@ PQ_TRAIN_POINTS = 1 << 18
 
 def parse_residuals(spec) -> Tuple[str, int, int]:
     """A residual codec as users name it → ``(kind, nbits, m)``: an int (or ``"2"``, ``"2bit"``) is the
-    scalar codec at that many bits a dimension (m = 0); ``"pqMxB"`` is ``M`` sub-vectors of ``B`` bits."""
+    scalar codec at that many bits a dimension (m = 0); ``"pqMxB"`` is ``M`` sub-vectors of ``B`` bits,
+    ``"opqMxB"`` the same after a learned rotation."""
     text = str(spec).strip().lower()
-    if text.startswith("pq"):
-        parts = text[2:].split("x")
-        if len(parts) == 2 and all(p.isdigit() for p in parts) and int(parts[1]) in PQ_NBITS and int(parts[0]) > 0 \
-                and int(parts[0]) * int(parts[1]) % 8 == 0:
-            return "pq", int(parts[1]), int(parts[0])
-        raise ValueError(f"residual codec {spec!r}: write pqMxB with B in {PQ_NBITS} and M·B a multiple of 8 "
-                         "(whole bytes a token; e.g. pq16x6)")
+    for kind in ("opq", "pq"):
+        if text.startswith(kind):
+            parts = text[len(kind):].split("x")
+            if len(parts) == 2 and all(p.isdigit() for p in parts) and int(parts[1]) in PQ_NBITS \
+                    and int(parts[0]) > 0 and int(parts[0]) % codes_per_group(int(parts[1])) == 0:
+                return kind, int(parts[1]), int(parts[0])
+            raise ValueError(f"residual codec {spec!r}: write {kind}MxB with B in {PQ_NBITS} and M a multiple of "
+                             "the codes that fill whole bytes (2 at 4 bits, 4 at 6, 8 at 7; e.g. pq16x6)")
     text = text[:-3] if text.endswith("bit") else text
     if text.isdigit() and int(text) in NBITS:
         return "scalar", int(text), 0
@@ -56,13 +59,13 @@ def parse_residuals(spec) -> Tuple[str, int, int]:
 def residuals_option(spec):
     """A residual codec as build options take it: an int (bits a dimension) or ``"pqMxB"``."""
     kind, nbits, m = parse_residuals(spec)
-    return nbits if kind == "scalar" else f"pq{m}x{nbits}"
+    return nbits if kind == "scalar" else f"{kind}{m}x{nbits}"
 
 
 def residuals_name(spec) -> str:
     """The canonical name of a residual codec: ``"2bit"``, ``"pq16x6"``."""
     kind, nbits, m = parse_residuals(spec)
-    return f"pq{m}x{nbits}" if kind == "pq" else f"{nbits}bit"
+    return f"{nbits}bit" if kind == "scalar" else f"{kind}{m}x{nbits}"
 
 
 def num_centroids(num_tokens: int) -> int:
@@ -212,6 +215,10 @@ class ResidualCodec:
         byte is a group, its row of the byte table the ``8 / nbits`` dimensions it codes."""
         return self._centroids32, codes, packed, self._byte_table_np
 
+    def table_queries(self, queries: torch.Tensor) -> torch.Tensor:
+        """The queries :meth:`table_form`'s tokens are scored against: these."""
+        return queries
+
 
 def _kmeans(sample: np.ndarray, num_centroids: int, *, niter: int, seed: int, heldout: float):
     """Spherical k-means (faiss) on a token sample less a held-out slice: (float16 centroids, held, train)."""
@@ -261,13 +268,52 @@ def _check_queries(queries: torch.Tensor, dim: int) -> torch.Tensor:
     return queries
 
 
+def codes_per_group(nbits: int) -> int:
+    """The fewest codes of ``nbits`` that fill whole bytes (lcm(nbits, 8) / nbits)."""
+    return 8 // int(np.gcd(nbits, 8))
+
+
+def _pack_words(codes: np.ndarray, nbits: int) -> np.ndarray:
+    """Any ``nbits`` ≤ 8: each group of :func:`codes_per_group` codes one big-endian word of ≤ 56 bits."""
+    n, m = codes.shape
+    per = codes_per_group(nbits)
+    width = per * nbits // 8
+    v = codes.astype(np.uint64).reshape(n, m // per, per)
+    word = np.zeros((n, m // per), dtype=np.uint64)
+    for j in range(per):
+        word |= v[:, :, j] << np.uint64(nbits * (per - 1 - j))
+    out = np.empty((n, m // per, width), dtype=np.uint8)
+    for k in range(width):
+        out[:, :, k] = (word >> np.uint64(8 * (width - 1 - k))) & np.uint64(255)
+    return out.reshape(n, m // per * width)
+
+
+def _unpack_words(packed: np.ndarray, nbits: int, m: int) -> np.ndarray:
+    n = len(packed)
+    per = codes_per_group(nbits)
+    width = per * nbits // 8
+    groups = packed.reshape(n, m // per, width)
+    word = np.zeros((n, m // per), dtype=np.uint64)
+    for k in range(width):
+        word |= groups[:, :, k].astype(np.uint64) << np.uint64(8 * (width - 1 - k))
+    out = np.empty((n, m // per, per), dtype=np.uint8)
+    mask = np.uint64((1 << nbits) - 1)
+    for j in range(per):
+        out[:, :, j] = (word >> np.uint64(nbits * (per - 1 - j))) & mask
+    return out.reshape(n, m)
+
+
 def pack_codes(codes: np.ndarray, nbits: int) -> np.ndarray:
     """``[n, m]`` codes < 2^nbits → ``[n, m·nbits/8]`` bytes, big-endian bit order (first code in the high
-    bits). 4 and 8 bits as :func:`pack_bits`; 6 bits: each 3 bytes hold 4 codes."""
+    bits). 4 and 8 bits as :func:`pack_bits`; 6 bits: each 3 bytes hold 4 codes; 7 bits: 7 bytes hold 8."""
     codes = np.asarray(codes)
     n, m = codes.shape
-    if nbits != 6:
+    if nbits in (1, 2, 4, 8):
         return pack_bits(codes, nbits)
+    if nbits != 6:
+        if m % codes_per_group(nbits):
+            raise ValueError(f"{m} codes of {nbits} bits are not a whole number of bytes")
+        return _pack_words(codes, nbits)
     if m % 4:
         raise ValueError(f"{m} codes of 6 bits are not a whole number of bytes (m must be a multiple of 4)")
     v = codes.astype(np.uint32).reshape(n, m // 4, 4)
@@ -278,8 +324,10 @@ def pack_codes(codes: np.ndarray, nbits: int) -> np.ndarray:
 def unpack_codes(packed: np.ndarray, nbits: int, m: int) -> np.ndarray:
     """Inverse of :func:`pack_codes`: ``[n, m·nbits/8]`` bytes → ``[n, m]`` uint8 codes."""
     packed = np.asarray(packed)
-    if nbits != 6:
+    if nbits in (1, 2, 4, 8):
         return unpack_bits(packed, nbits, m)
+    if nbits != 6:
+        return _unpack_words(packed, nbits, m)
     # byte by byte in uint8 (3× faster than assembling 24-bit words in uint32, measured on 40k tokens)
     n = len(packed)
     groups = packed.reshape(n, m // 4, 3)
@@ -295,11 +343,17 @@ def unpack_codes(packed: np.ndarray, nbits: int, m: int) -> np.ndarray:
 @dataclass
 class ProductCodec:
     """Centroids ``[K, d]`` (float16, unit length) and a product quantizer of the residuals: ``m``
-    codebooks of ``2^nbits`` codewords ``[m, 2^nbits, d/m]`` (float32), trained by faiss's k-means."""
+    codebooks of ``2^nbits`` codewords ``[m, 2^nbits, d/m]`` (float32), trained by faiss's k-means.
+
+    With a ``rotation`` ``R`` ([d, d], orthonormal; optimized PQ) the quantizer codes ``r·R`` and a token
+    is ``c + r̂·Rᵀ``. Scores need no rotation back: ``q·(c + r̂·Rᵀ) = (q·R)·(c·R + r̂)`` and norms are
+    kept, so the compiled exact stage scores rotated queries against rotated centroids plus codewords
+    (:meth:`table_queries`, :meth:`table_form`), as cheaply as without a rotation."""
 
     centroids: np.ndarray  # [K, d] float16
     codebooks: np.ndarray  # [m, 2^nbits, d/m] float32
     nbits: int
+    rotation: Optional[np.ndarray] = None  # [d, d] float32: what the quantizer codes is r @ rotation
 
     kind = "pq"
     #: A codebook is trained on held-out residuals when there are this many per codeword (faiss's own
@@ -312,10 +366,17 @@ class ProductCodec:
         self.centroids = np.ascontiguousarray(self.centroids, dtype=np.float16)
         self.codebooks = np.ascontiguousarray(self.codebooks, dtype=np.float32)
         m, ksub, dsub = self.codebooks.shape
-        if ksub != 1 << self.nbits or m * dsub != self.dim or (m * self.nbits) % 8 or (self.nbits == 6 and m % 4):
+        if ksub != 1 << self.nbits or m * dsub != self.dim or m % codes_per_group(self.nbits):
             raise ValueError(f"codebooks {list(self.codebooks.shape)} do not fit d = {self.dim} at {self.nbits} bits "
                              "(m must divide d, and m·nbits fill whole bytes)")
         self._centroids32 = self.centroids.astype(np.float32)
+        self._table_centroids = self._centroids32
+        if self.rotation is not None:
+            self.rotation = np.ascontiguousarray(self.rotation, dtype=np.float32)
+            if self.rotation.shape != (self.dim, self.dim) or \
+                    not np.allclose(self.rotation.T @ self.rotation, np.eye(self.dim), atol=1e-3):
+                raise ValueError(f"the rotation must be an orthonormal [{self.dim}, {self.dim}] matrix")
+            self._table_centroids = self._centroids32 @ self.rotation
         # codeword j of sub-vector s is row s·2^nbits + j: decoding is one gather of m rows per token
         self._flat_codebooks = self.codebooks.reshape(m * ksub, dsub)
         self._offsets = (np.arange(m, dtype=np.int64) * ksub)
@@ -328,7 +389,7 @@ class ProductCodec:
 
     @property
     def name(self) -> str:
-        return f"pq{self.m}x{self.nbits}"
+        return f"{'pq' if self.rotation is None else 'opq'}{self.m}x{self.nbits}"
 
     @property
     def dim(self) -> int:
@@ -352,11 +413,13 @@ class ProductCodec:
 
     @classmethod
     def train(cls, sample: np.ndarray, num_centroids: int, nbits: int = 6, m: int = 16, *, niter: int = 8,
-              seed: int = 0, heldout: float = 0.05, extra: Optional[np.ndarray] = None) -> "ProductCodec":
+              seed: int = 0, heldout: float = 0.05, extra: Optional[np.ndarray] = None,
+              rotate: bool = False) -> "ProductCodec":
         """Spherical k-means for the centroids (as :meth:`ResidualCodec.train`), then faiss's product
         quantizer trained on the residuals of vectors k-means did not see: the held-out slice and ``extra``
         (a build's further sample, up to :data:`PQ_TRAIN_POINTS`); of every sample token too, if those are
-        too few for ``2^nbits`` codewords a sub-vector."""
+        too few for ``2^nbits`` codewords a sub-vector. ``rotate``: first faiss's OPQ rotation of those
+        residuals (trained on the same points), the quantizer then trained on the rotated ones."""
         import faiss
 
         centroids, held, train = _kmeans(sample, num_centroids, niter=niter, seed=seed, heldout=heldout)
@@ -371,19 +434,31 @@ class ProductCodec:
         residuals = points - centroids.astype(np.float32)[_assign(assign, points)]
         if len(residuals) < ksub:  # a tiny index: repeated points give repeated (never nearer) codewords
             residuals = np.resize(residuals, (ksub, dim))
+        rotation = None
+        if rotate:
+            opq = faiss.OPQMatrix(dim, m)
+            # (its alternation trains 8-bit codebooks: a tiny index's points repeated to 256, as above)
+            opq.train(np.ascontiguousarray(np.resize(residuals, (max(len(residuals), 256), dim)), dtype=np.float32))
+            rotation = faiss.vector_to_array(opq.A).reshape(dim, dim).T  # faiss applies x @ Aᵀ
+            # (faiss's A is orthonormal in float32; re-orthonormalised so Rᵀ R = I to float32's precision)
+            u, _, vt = np.linalg.svd(rotation.astype(np.float64))
+            rotation = (u @ vt).astype(np.float32)
+            residuals = np.asarray(residuals, dtype=np.float32) @ rotation
         pq = faiss.ProductQuantizer(dim, m, nbits)
         pq.cp.seed = seed
         pq.cp.max_points_per_centroid = 1 << 30
         pq.cp.min_points_per_centroid = 1  # (the choice of points above is ours: no warning for a small index)
         pq.train(np.ascontiguousarray(residuals, dtype=np.float32))
         codebooks = faiss.vector_to_array(pq.centroids).reshape(m, ksub, dim // m)
-        return cls(centroids, codebooks, nbits)
+        return cls(centroids, codebooks, nbits, rotation)
 
     def state(self) -> dict:
-        return {"kind": self.kind, "centroids": self.centroids, "codebooks": self.codebooks, "nbits": self.nbits}
+        return {"kind": self.kind, "centroids": self.centroids, "codebooks": self.codebooks, "nbits": self.nbits,
+                **({"rotation": self.rotation} if self.rotation is not None else {})}
 
     def residual_files(self) -> dict:
-        return {"pq.f32": self.codebooks.astype("<f4").tobytes()}
+        return {"pq.f32": self.codebooks.astype("<f4").tobytes(),
+                **({"opq.f32": self.rotation.astype("<f4").tobytes()} if self.rotation is not None else {})}
 
     def assign(self, vectors: np.ndarray) -> np.ndarray:
         if self._assigner is None:
@@ -408,7 +483,10 @@ class ProductCodec:
         if vectors.ndim != 2 or vectors.shape[1] != self.dim:
             raise ValueError(f"expected [n, {self.dim}] vectors, got {list(vectors.shape)}")
         codes = self.assign(vectors) if len(vectors) else np.zeros(0, dtype=np.int64)
-        return codes.astype(self.code_dtype), pack_codes(self.quantize(vectors - self._centroids32[codes]), self.nbits)
+        residuals = vectors - self._centroids32[codes]
+        if self.rotation is not None:
+            residuals = residuals @ self.rotation
+        return codes.astype(self.code_dtype), pack_codes(self.quantize(residuals), self.nbits)
 
     def decompress(self, codes: np.ndarray, packed: np.ndarray, normalize: bool = True) -> torch.Tensor:
         """Centroid + the codewords of each token's sub-vectors: ``[n, d]`` float32 tensor."""
@@ -416,7 +494,8 @@ class ProductCodec:
         rows = unpack_codes(packed, self.nbits, self.m).astype(np.int64)
         rows += self._offsets
         out = np.take(self._centroids32, np.asarray(codes, dtype=np.int64), axis=0)
-        out += np.take(self._flat_codebooks, rows.reshape(-1), axis=0).reshape(n, self.dim)
+        coded = np.take(self._flat_codebooks, rows.reshape(-1), axis=0).reshape(n, self.dim)
+        out += coded if self.rotation is None else coded @ self.rotation.T
         vectors = torch.from_numpy(out)
         if normalize and n:
             vectors /= vectors.norm(dim=1, keepdim=True).clamp_min_(1e-12)
@@ -424,14 +503,20 @@ class ProductCodec:
 
     def table_form(self, codes: np.ndarray, packed: np.ndarray) -> tuple:
         """``(centroids, codes, groups, table)`` of :func:`agrame.scoring.compressed_run_max`: each sub-vector
-        is a group, its codeword's row of the stacked codebooks the ``d / m`` dimensions it codes."""
+        is a group, its codeword's row of the stacked codebooks the ``d / m`` dimensions it codes (with a
+        rotation, the centroids rotated: the tokens as the quantizer sees them; see :meth:`table_queries`)."""
         rows = unpack_codes(packed, self.nbits, self.m).astype(np.int64)
         rows += self._offsets
-        return self._centroids32, codes, rows, self._flat_codebooks
+        return self._table_centroids, codes, rows, self._flat_codebooks
+
+    def table_queries(self, queries: torch.Tensor) -> torch.Tensor:
+        """The queries :meth:`table_form`'s tokens are scored against: rotated as they are."""
+        return queries if self.rotation is None else queries.float() @ torch.from_numpy(self.rotation)
 
     def lookup_tables(self, queries: torch.Tensor) -> torch.Tensor:
-        """``[L, d]`` → ``[L, m, 2^nbits]``: query token ``i``'s dot product with codeword ``v`` of sub-vector ``s``."""
-        queries = _check_queries(queries, self.dim)
+        """``[L, d]`` → ``[L, m, 2^nbits]``: query token ``i``'s dot product with codeword ``v`` of sub-vector ``s``
+        (rotated codewords: the query rotated with them)."""
+        queries = self.table_queries(_check_queries(queries, self.dim))
         return torch.einsum("isk,svk->isv", queries.reshape(len(queries), self.m, self.dim // self.m),
                             torch.from_numpy(self.codebooks)).contiguous()
 
@@ -443,7 +528,8 @@ def codec_from_state(state) -> "ResidualCodec | ProductCodec":
     """:meth:`ResidualCodec.state` / :meth:`ProductCodec.state` (a dict or an ``np.load`` archive) → the codec."""
     kind = str(state["kind"]) if "kind" in state else "scalar"  # (saved before product codecs existed)
     if kind == "pq":
-        return ProductCodec(state["centroids"], state["codebooks"], int(state["nbits"]))
+        return ProductCodec(state["centroids"], state["codebooks"], int(state["nbits"]),
+                            state["rotation"] if "rotation" in state else None)
     return ResidualCodec(state["centroids"], state["cutoffs"], state["weights"], int(state["nbits"]))
 
 
@@ -452,8 +538,9 @@ def train_codec_of(spec, sample: np.ndarray, num_centroids: int, *, niter: int =
     """The codec ``spec`` names (:func:`parse_residuals`) trained on ``sample`` (a product codec's quantizer
     also on ``extra``: vectors outside the k-means sample)."""
     kind, nbits, m = parse_residuals(spec)
-    if kind == "pq":
-        return ProductCodec.train(sample, num_centroids, nbits, m, niter=niter, seed=seed, extra=extra)
+    if kind in ("pq", "opq"):
+        return ProductCodec.train(sample, num_centroids, nbits, m, niter=niter, seed=seed, extra=extra,
+                                  rotate=kind == "opq")
     return ResidualCodec.train(sample, num_centroids, nbits, niter=niter, seed=seed)
 
 
@@ -490,6 +577,6 @@ class CompressedVectors:
     def run_max(self, queries: torch.Tensor, lo: int, hi: int, starts: np.ndarray) -> torch.Tensor:
         """:func:`agrame.scoring.compressed_run_max` of rows ``lo:hi`` (``starts`` relative to ``lo``), without
         decompressing them into an array first."""
-        return scoring.compressed_run_max(queries, *self.codec.table_form(self.codes[lo:hi], self.packed[lo:hi]),
-                                          starts)
+        return scoring.compressed_run_max(self.codec.table_queries(queries),
+                                          *self.codec.table_form(self.codes[lo:hi], self.packed[lo:hi]), starts)
 

@@ -657,7 +657,7 @@ class RayShardedIndex(ShardedWrites, BaseIndex):
                "has_spans": any(m.get("has_spans") for m in ms),
                "num_passages": sum(int(m["num_passages"]) for m in ms),
                "num_deleted": sum(int(m.get("num_deleted", 0)) for m in ms), "nbits": ms[0].get("nbits"),
-               **({"pq_subvectors": ms[0]["pq_subvectors"]} if "pq_subvectors" in ms[0] else {}),
+               **{k: ms[0][k] for k in ("pq_subvectors", "pq_rotation") if k in ms[0]},
                "num_tokens": sum(int(m.get("num_tokens", 0)) for m in ms),
                "num_sentences": sum(int(m.get("num_sentences", 0)) for m in ms)}
         if missing:  # counts of the shards that answered only

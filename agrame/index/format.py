@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import re
 import sqlite3
@@ -140,7 +141,7 @@ MANIFEST_FIELDS = {"format", "generation", "agrame_version", "created", "updated
                    "num_centroids", "code_dtype", "codec", "num_passages", "num_tokens", "num_sentences", "has_spans",
                    "token_offsets", "files", "search", "ivf_generation", "tombstones", "num_deleted", "metadata",
                    "store", "checksum", "vectors_dtype", "metadata_digest", "pool_factor", "num_original_tokens",
-                   "pq_subvectors", "ivf_pids"}
+                   "pq_subvectors", "ivf_pids", "pq_rotation"}
 
 
 CODE_SIZES = {"<u2": 2, "<i4": 4}  # bytes of a centroid code by its dtype
@@ -154,7 +155,7 @@ def residuals_of(manifest: dict) -> Optional[str]:
     if manifest.get("nbits") is None:
         return None
     if "pq_subvectors" in manifest:
-        return f"pq{manifest['pq_subvectors']}x{manifest['nbits']}"
+        return f"{'opq' if manifest.get('pq_rotation') else 'pq'}{manifest['pq_subvectors']}x{manifest['nbits']}"
     return f"{manifest['nbits']}bit"
 
 
@@ -193,12 +194,15 @@ def _check_v2_fields(m: dict, bad) -> None:
         bad("ivf_generation", "must be a positive integer no larger than 'generation'")
     if m.get("ivf_pids", IVF_PIDS[0]) not in IVF_PIDS:
         bad("ivf_pids", f"must be one of {', '.join(IVF_PIDS)}")
+    if m.get("pq_rotation", True) is not True or ("pq_rotation" in m and "pq_subvectors" not in m):
+        bad("pq_rotation", "must be true, and only beside 'pq_subvectors'")
     if "pq_subvectors" in m:
-        if m.get("nbits") not in (4, 6, 8):
-            bad("nbits", "must be 4, 6 or 8 (bits a product-quantizer code)")
+        if m.get("nbits") not in (4, 6, 7, 8):
+            bad("nbits", "must be 4, 6, 7 or 8 (bits a product-quantizer code)")
         sub = m["pq_subvectors"]
+        # (a group of 8 / gcd(nbits, 8) codes fills whole bytes: 2 at 4 bits, 4 at 6, 8 at 7)
         if not _is_int(sub, 1, 1 << 16) or not _is_int(m.get("dim"), 1) or m["dim"] % sub \
-                or (sub * m["nbits"]) % 8 or (m["nbits"] == 6 and sub % 4):
+                or sub % (8 // math.gcd(m["nbits"], 8)):
             bad("pq_subvectors", "must be a positive integer dividing dim whose codes fill whole bytes")
     elif m.get("nbits") not in (1, 2, 4, 8):
         bad("nbits", "must be 1, 2, 4 or 8")
@@ -242,6 +246,7 @@ def _check_v2_files(m: dict, bad) -> None:
         bad("dim", f"× nbits must be a whole number of bytes ({d} × {m['nbits']})")
     expected = {"centroids.f16": K * d * 2,
                 **({"pq.f32": (1 << m["nbits"]) * d * 4} if pq else {"buckets.f32": ((2 << m["nbits"]) - 1) * 4}),
+                **({"opq.f32": d * d * 4} if m.get("pq_rotation") else {}),
                 "codes.bin": T * CODE_SIZES[m["code_dtype"]], "residuals.bin": T * per_token // 8,
                 "doclens.bin": N * 4, "sentcounts.bin": N * 4, "sentences.bin": S * 8, "passage_offsets.bin": N * 8,
                 f"ivf-{g}.offsets.bin": (K + 1) * 8, f"ivf-{g}.pids.bin": None, "passages.jsonl": None,

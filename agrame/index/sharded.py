@@ -310,7 +310,7 @@ class ShardedIndex(ShardedWrites, BaseIndex):
         first = ms[0]
         return {"format": FORMAT_SHARDED, "generation": sum(int(m.get("generation", 1)) for m in ms),
                 "model": first["model"], "dim": first.get("dim"), "nbits": first.get("nbits"),
-                **({"pq_subvectors": first["pq_subvectors"]} if "pq_subvectors" in first else {}),
+                **{k: first[k] for k in ("pq_subvectors", "pq_rotation") if k in first},
                 "num_shards": self.num_shards, "has_spans": any(m.get("has_spans") for m in ms),
                 "num_passages": sum(int(m["num_passages"]) for m in ms),
                 "num_deleted": sum(int(m.get("num_deleted", 0)) for m in ms),

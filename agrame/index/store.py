@@ -7,7 +7,8 @@ Files (raw little-endian arrays, all append-only except the per-generation inver
 ``centroids.f16``      ``[K, d]`` unit centroids (:mod:`agrame.index.codec`)
 ``buckets.f32``        bucket cut-offs ``[B-1]`` then reconstruction values ``[B]`` (scalar residuals)
 ``pq.f32``             instead, with product-quantized residuals (``"pq_subvectors": m``): the codebooks
-                       ``[m, 2^nbits, d/m]``
+                       ``[m, 2^nbits, d/m]``; ``opq.f32``: with ``"pq_rotation": true``, the ``[d, d]``
+                       rotation the residuals are quantized after (OPQ)
 ``codes.bin``          ``[T]`` centroid id per token (uint16 when K ≤ 65,536, else int32)
 ``residuals.bin``      ``[T, d·nbits/8]`` packed residual buckets, or ``[T, m·nbits/8]`` packed PQ codes
 ``sentence_tokens.bin`` ``[S, 2]`` int32 token rows (passage-local, end exclusive) of each sentence
@@ -392,8 +393,9 @@ def _codec_files(folder: Path, codec: ResidualCodec, files: Dict[str, dict]) -> 
 
 def codec_fields(codec: ResidualCodec) -> dict:
     """The manifest's fields for a codec: ``nbits`` (bits a dimension; of a product code, bits a code) and,
-    for a product codec, ``pq_subvectors``."""
-    return {"nbits": codec.nbits, **({"pq_subvectors": codec.m} if codec.kind == "pq" else {})}
+    for a product codec, ``pq_subvectors`` (and ``pq_rotation`` with an OPQ rotation, in ``opq.f32``)."""
+    return {"nbits": codec.nbits, **({"pq_subvectors": codec.m} if codec.kind == "pq" else {}),
+            **({"pq_rotation": True} if getattr(codec, "rotation", None) is not None else {})}
 
 
 def read_codec(root: Path, m: dict) -> ResidualCodec:
@@ -403,7 +405,8 @@ def read_codec(root: Path, m: dict) -> ResidualCodec:
     if "pq_subvectors" in m:
         sub, ksub = m["pq_subvectors"], 1 << m["nbits"]
         books = np.fromfile(root / "pq.f32", dtype="<f4", count=d * ksub).reshape(sub, ksub, d // sub)
-        return ProductCodec(centroids, books, m["nbits"])
+        rotation = np.fromfile(root / "opq.f32", dtype="<f4", count=d * d).reshape(d, d) if m.get("pq_rotation") else None
+        return ProductCodec(centroids, books, m["nbits"], rotation)
     B = 1 << m["nbits"]
     buckets = np.fromfile(root / "buckets.f32", dtype="<f4", count=2 * B - 1)
     return ResidualCodec(centroids, buckets[:B - 1], buckets[B - 1:], m["nbits"])
@@ -564,7 +567,7 @@ def train_codec_from(source: "VectorSource", nbits: int, *, seed: int = 0,
         sample = source.sample_vectors(needed, seed)
         # a product codec's quantizer: a further draw (another seed; k-means took a small share of the tokens)
         extra = source.sample_vectors(min(source.num_tokens, PQ_TRAIN_POINTS), seed + 1) \
-            if parse_residuals(nbits)[0] == "pq" else None
+            if parse_residuals(nbits)[0] != "scalar" else None
     started = time.perf_counter()
     codec = train_codec_of(nbits, sample, k, niter=KMEANS_NITER, seed=seed, extra=extra)
     return codec, {}, {"estimated_tokens": source.num_tokens, "num_centroids": codec.num_centroids,

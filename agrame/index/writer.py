@@ -63,7 +63,7 @@ BUILD_MARKER = ".agrame-build"
 _EPOCH = re.compile(r"s(\d+)")
 _SHARD = re.compile(r"shard-\d{3,6}")
 _OURS = re.compile(r"(ivf-\d+\.(offsets|pids)\.bin|deleted-\d+\.bin|meta\.sqlite(-wal|-shm|-journal)?|"
-                   r"centroids\.f16|buckets\.f32|tokens\.bin|sentence_tokens\.bin|pool\.bin|origlens\.bin|"
+                   r"centroids\.f16|buckets\.f32|o?pq\.f32|tokens\.bin|sentence_tokens\.bin|pool\.bin|origlens\.bin|"
                    # format-1 files (an index rebuilt in place as format 2 drops them)
                    r"vectors\.f16|offsets\.npy|token_sentence\.npy|passage_starts\.npy|sentences\.npy|"
                    r"sentence_passage\.npy)")

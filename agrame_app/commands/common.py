@@ -75,7 +75,8 @@ def pool_factor(value: str):
 
 
 def residual_codec(value: str):
-    """``--nbits``: bits a dimension (1, 2, 4, 8) or a product quantizer ``pqMxB`` (e.g. ``pq16x6``)."""
+    """``--nbits``: bits a dimension (1, 2, 4, 8) or a product quantizer ``pqMxB`` (e.g. ``pq16x6``), ``opqMxB``
+    after a learned rotation (e.g. ``opq16x7``)."""
     from agrame.index.codec import residuals_option
 
     try:

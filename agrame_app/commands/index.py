@@ -22,9 +22,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="model folder or a shipped name (" + model_names() + "); " + DEFAULT_MODEL_HELP
                    + " (with --add: the index's own)")
     p.add_argument("--nbits", type=residual_codec, default=None, metavar="B",
-                   help="each token's residual: bits per dimension, 1, 2, 4 or 8 (2: ~40 bytes per 128-d token), "
-                        "or a product quantizer pqMxB: M sub-vectors of B bits (pq16x6: ~19 bytes); default: "
-                        "the model's own (2 for most)")
+                   help="each token's residual: bits per dimension, 1, 2, 4 or 8 (2: ~37 bytes per 128-d token), "
+                        "or a product quantizer pqMxB: M sub-vectors of B bits (pq16x6: ~17 bytes), opqMxB after "
+                        "a learned rotation (opq16x7: ~19 bytes); default: the model's own (2 for most)")
     p.add_argument("--pool-factor", type=pool_factor, default=None, metavar="F",
                    help="keep about one vector per F tokens, pooled by Ward clustering of each sentence's "
                         "tokens, so every sentence and span stays searchable (default: the model's own, 1 for "
