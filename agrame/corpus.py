@@ -7,6 +7,7 @@ passage scores and all sentence scores by segment max, with no padding.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Mapping, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -173,7 +174,8 @@ class EncodedCorpus:
 
     @classmethod
     def concat(cls, parts: Sequence["EncodedCorpus"]) -> "EncodedCorpus":
-        """One corpus from several (e.g. index shards), renumbering passages and sentences."""
+        """One corpus from several (e.g. index shards), renumbering passages and sentences. Ids and texts
+        that are read lazily (an index's records) stay lazy: only the hits' are ever read."""
         token_base = sentence_base = passage_base = 0
         token_sentence, token_passage, sentence_passage, starts = [], [], [], [torch.zeros(1, dtype=torch.long)]
         for part in parts:
@@ -187,6 +189,9 @@ class EncodedCorpus:
             passage_base += len(part)
         vectors = [torch.from_numpy(np.asarray(p.vectors)) if isinstance(p.vectors, np.ndarray) else p.vectors
                    for p in parts]
+        # Vectors left compressed (agrame.index.codec.CompressedVectors) stay compressed: exact scoring
+        # then runs once over every part instead of once a part (a sharded index's exact stage).
+        joined = type(vectors[0]).concat(vectors) if hasattr(vectors[0], "concat") else torch.cat(vectors)
         spans: Dict[str, Tuple[SpanLike, ...]] = {}
         members: Dict[int, Tuple[torch.Tensor, np.ndarray]] = {}
         base = 0
@@ -195,8 +200,8 @@ class EncodedCorpus:
             members.update({base + p: m for p, m in part.pool_members.items()})
             base += len(part)
         return cls(
-            ids=[i for p in parts for i in p.ids], texts=[t for p in parts for t in p.texts],
-            vectors=torch.cat(vectors), offsets=torch.cat([p.offsets for p in parts]),
+            ids=_joined([p.ids for p in parts]), texts=_joined([p.texts for p in parts]),
+            vectors=joined, offsets=torch.cat([p.offsets for p in parts]),
             token_passage=torch.cat(token_passage), token_sentence=torch.cat(token_sentence),
             sentences=torch.cat([p.sentences for p in parts]), sentence_passage=torch.cat(sentence_passage),
             passage_starts=torch.cat(starts), spans=spans, pool_members=members,
@@ -238,3 +243,30 @@ class EncodedCorpus:
             spans={p.id: tuple(p.spans) for p in passages if p.spans is not None},
             metadata={p.id: dict(p.metadata) for p in passages if p.metadata},
         )
+
+
+def _joined(parts: Sequence[Sequence[str]]) -> Sequence[str]:
+    if all(isinstance(p, list) for p in parts):
+        return [x for p in parts for x in p]
+    return _Chain(parts)
+
+
+class _Chain(Sequence):
+    """Several sequences read as one, without reading them (each item is read where it lies)."""
+
+    def __init__(self, parts: Sequence[Sequence[str]]):
+        self._parts = list(parts)
+        self._ends = np.cumsum([len(p) for p in self._parts]).tolist()
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        n = len(self)
+        if not -n <= k < n:
+            raise IndexError(k)
+        k = k % n
+        part = bisect.bisect_right(self._ends, k)
+        return self._parts[part][k - (self._ends[part - 1] if part else 0)]

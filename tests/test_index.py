@@ -528,6 +528,46 @@ def test_lazily_decompressed_vectors_score_as_the_decompressed_corpus(tmp_path, 
         assert torch.equal(a.sentence, b.sentence)
 
 
+def test_lazy_corpora_join_compressed_and_unread(tmp_path, tiny_encoder):
+    # A sharded index's exact stage joins its shards' parts (EncodedCorpus.concat): the vectors stay
+    # compressed, the records unread until a hit asks, and the joined corpus scores as its parts' rows do.
+    from agrame.corpus import EncodedCorpus
+    from agrame.index.codec import CompressedVectors, ResidualCodec, same_codec
+    from agrame.ranker import score_corpus
+
+    passages = [Passage(f"p{i}", t) for i, t in enumerate(TEXTS)]
+    build_index(tiny_encoder, passages, tmp_path / "ix", progress=False)
+    store = Index(tmp_path / "ix", model=tiny_encoder).store
+    parts = [store.corpus(np.array([3, 0]), with_offsets=False, lazy=True),
+             store.corpus(np.array([2]), with_offsets=False, lazy=True)]
+    read = []
+    record = store.record
+    store.record = lambda p: read.append(p) or record(p)
+    joined = EncodedCorpus.concat(parts)
+    assert isinstance(joined.vectors, CompressedVectors) and read == []
+    whole = store.corpus(np.array([3, 0, 2]), with_offsets=False)
+    assert torch.equal(joined.vectors.decompress(), whole.vectors)
+    for name in ("token_passage", "token_sentence", "sentences", "sentence_passage", "passage_starts"):
+        assert torch.equal(getattr(joined, name), getattr(whole, name)), name
+    assert joined.ids[2] == "p2" and read == [2]
+    assert list(joined.ids) == ["p3", "p0", "p2"] and joined.ids[-1] == "p2" and joined.ids[1:] == ["p0", "p2"]
+    assert joined.texts[0] == TEXTS[3] and len(joined.texts) == 3
+    with pytest.raises(IndexError):
+        joined.ids[3]
+    q = tiny_encoder.encode_query("coral reef", "Q").vectors
+    for granularity in ("passage", "sentence"):
+        a, b = score_corpus(q, q, joined, granularity), score_corpus(q, q, whole, granularity)
+        assert torch.allclose(a.passage, b.passage, atol=1e-5)
+    # Only vectors of one codec join: another codec's would decode wrongly.
+    codec = store.codec
+    other = ResidualCodec(codec.centroids, codec.cutoffs, codec.weights * 2, codec.nbits)
+    assert same_codec(codec, ResidualCodec(codec.centroids.copy(), codec.cutoffs, codec.weights, codec.nbits))
+    assert not same_codec(codec, other)
+    with pytest.raises(ValueError, match="different codecs"):
+        CompressedVectors.concat([parts[0].vectors, CompressedVectors(other, parts[1].vectors.codes,
+                                                                      parts[1].vectors.packed)])
+
+
 def test_chunks_scored_on_two_threads_score_as_on_one(tmp_path, tiny_encoder, monkeypatch):
     # With torch's threads at 2, lazily decompressed chunks are scored on a pool of 2 (agrame.ranker):
     # the same scores bit for bit, and spans in the same order, as one thread gives.

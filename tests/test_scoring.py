@@ -297,11 +297,26 @@ def test_compressed_run_max_scores_a_codec_as_its_decompression_does():
         assert torch.allclose(got, want, atol=1e-5)
 
 
+def _laid_out(table: torch.Tensor, layout: str) -> torch.Tensor:
+    # "columns": the [Lq, K] table as scoring.centroid_scores lays it out (a view of [K, Lq] memory)
+    return table.T.contiguous().T if layout == "columns" else table
+
+
+def test_centroid_scores_are_the_similarity_laid_out_by_centroid():
+    rng = np.random.default_rng(3)
+    q = torch.from_numpy(rng.standard_normal((5, 8)).astype(np.float32))
+    c = torch.from_numpy(rng.standard_normal((30, 8)).astype(np.float32))
+    cs = scoring.centroid_scores(q, c)
+    assert cs.shape == (5, 30) and cs.T.is_contiguous()
+    assert torch.allclose(cs, scoring.similarity(q, c), atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["rows", "columns"])
 @pytest.mark.parametrize("compiled", [True, False])
-def test_lookup_maxsim_equals_the_naive_loop(compiled):
+def test_lookup_maxsim_equals_the_naive_loop(compiled, layout):
     # Runs anywhere in the codes (out of order, overlapping, empty): Σ_i max_t table[i, codes[t]].
     rng = np.random.default_rng(1)
-    table = torch.from_numpy(rng.standard_normal((6, 40)).astype(np.float32))
+    table = _laid_out(torch.from_numpy(rng.standard_normal((6, 40)).astype(np.float32)), layout)
     codes = rng.integers(0, 40, 300).astype(np.uint16)
     lo = np.array([250, 0, 10, 7, 299, 120])
     hi = np.array([300, 12, 10, 30, 300, 121])
@@ -314,9 +329,10 @@ def test_lookup_maxsim_equals_the_naive_loop(compiled):
             assert math.isclose(float(got[r]), want, abs_tol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["rows", "columns"])
 @pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("filtered", [False, True])
-def test_probed_maxsim_equals_the_naive_loop(compiled, filtered):
+def test_probed_maxsim_equals_the_naive_loop(compiled, filtered, layout):
     # Inverted lists (some empty, passages shared between lists): each passage of the probed lists once,
     # scored Σ_i max over the probed centroids whose list holds it; a keep mask drops passages first.
     rng = np.random.default_rng(2)
@@ -324,7 +340,7 @@ def test_probed_maxsim_equals_the_naive_loop(compiled, filtered):
     lists = [sorted(rng.choice(N, rng.integers(0, 9), replace=False).tolist()) for _ in range(K)]
     offsets = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int64)
     pids = np.array([p for x in lists for p in x], dtype=np.int32)
-    table = torch.from_numpy(rng.standard_normal((5, K)).astype(np.float32))
+    table = _laid_out(torch.from_numpy(rng.standard_normal((5, K)).astype(np.float32)), layout)
     keep = rng.random(N) < 0.6 if filtered else None
     for probe in (np.array([3, 0, 7, 11, 5]), np.arange(K), np.array([], dtype=np.int64)):
         got_pids, got = scoring.probed_maxsim(table, probe, offsets, pids, N, keep, compiled=compiled)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -197,10 +199,11 @@ def test_exact_search_is_bit_identical_at_any_shard_count_with_ties(tmp_path, ti
         assert got == want, shards
 
 
-def test_shard_budgets_split_one_search_and_share_the_centroid_scores(tmp_path, tiny_encoder, monkeypatch):
-    """Issue 41, item 5: S shards propose their shares of the candidates (plus a binomial margin) with
-    stage-2b scores, and score exactly no more than one search's survivors between them, not S searches'
-    worth; the query meets the shared codec's centroids once."""
+def test_sharded_staged_search_runs_the_single_index_search(tmp_path, tiny_encoder, monkeypatch):
+    """Issue 41, item 5, and issue 64: S shards that share a codec search as one index would — the query
+    meets the centroids once, the probed centroids are chosen once, every stage's cut is made over the
+    whole — so they score exactly the single index's candidates, in one exact stage over their parts
+    joined, and return its hits."""
     from agrame.index import search as search_module
     from agrame.index.search import shard_budget
 
@@ -209,44 +212,52 @@ def test_shard_budgets_split_one_search_and_share_the_centroid_scores(tmp_path, 
     for n in (10, 100, 1000):
         for share in (0.05, 0.125, 0.25, 0.5):
             assert n * share <= shard_budget(n, share) <= n
-    passages = _many(60)
+    # Passages of distinct random words: _many's share their sentences, so their centroid scores tie at
+    # every cut, and a tie is cut by where a passage is stored (these have none at a cut).
+    words = sorted({w.lower() for p in _passages(40) for w in re.findall(r"[A-Za-z]+", p.text)})
+    rng = random.Random(0)
+    passages = [Passage(f"id-{i}", " ".join(rng.choice(words) for _ in range(12)).capitalize() + ". "
+                        + " ".join(rng.choice(words) for _ in range(9)) + ".", metadata={"n": i, "even": i % 2 == 0})
+                for i in range(60)]
     build_sharded(tiny_encoder, passages, tmp_path / "sh", 4, progress=False, chunk_passages=8)
     sharded = ShardedIndex(tmp_path / "sh", model=tiny_encoder)
     single_path = tmp_path / "one"
     build_compressed(tiny_encoder, passages, single_path, codec=sharded.shards[0].store.codec, progress=False)
     single = Index(single_path, model=tiny_encoder)
-    scored, given, proposed = [], [], []
-    real_score, real_candidates = search_module.Index._score, search_module.Index.candidates
+    scored, given, memos = [], [], []
+    real_rank, real_probed = search_module.rank_stored, search_module.Index.probed
 
-    def spy_score(self, q, s, pids, *args, **kw):
-        scored.append(len(pids))
-        return real_score(self, q, s, pids, *args, **kw)
+    def spy_rank(q, s, corpus, *args, **kw):
+        scored.append(sorted(corpus.ids))
+        return real_rank(q, s, corpus, *args, **kw)
 
-    def spy_candidates(self, q, nprobe, ncandidates, allowed=None, centroid_scores=None, with_scores=False):
-        given.append(centroid_scores)
-        proposed.append(ncandidates)
-        return real_candidates(self, q, nprobe, ncandidates, allowed, centroid_scores, with_scores)
+    def spy_probed(self, cs, nprobe, ncandidates, allowed=None, probes=None):
+        given.append(cs)
+        memos.append(probes)
+        return real_probed(self, cs, nprobe, ncandidates, allowed, probes)
 
-    monkeypatch.setattr(search_module.Index, "_score", spy_score)
-    monkeypatch.setattr(search_module.Index, "candidates", spy_candidates)
-    q, s = single.encode_query("coral bleaching", "passage")
-    single.search_vectors(q, s, "passage", 10, ncandidates=24)
-    alone = scored.pop()
-    scored.clear()
-    given.clear()
-    proposed.clear()
-    hits = sharded.search_vectors(q, s, "passage", 10, ncandidates=24)
-    lives = [len(shard) for shard in sharded.shards]
-    n = single.budgets("passage", 10, ncandidates=24)[1]
-    assert sum(proposed) == sum(shard_budget(n, live / sum(lives)) for live in lives) < 4 * n
-    assert sum(scored) <= alone  # the whole's best of the proposals
-    assert len(given) == 4 and all(g is given[0] and g is not None for g in given)  # one centroid product
-    assert len(hits) == 10
-    scored.clear()
-    q, s = single.encode_query("coral bleaching", "sentence")
-    single.search_vectors(q, s, "sentence", 3, ncandidates=8)
-    assert scored == [8]
-    scored.clear()
-    proposed.clear()
-    sharded.search_vectors(q, s, "sentence", 3, ncandidates=8)
-    assert sum(proposed) > 8 and sum(scored) == 8
+    monkeypatch.setattr(search_module, "rank_stored", spy_rank)
+    monkeypatch.setattr(search_module.Index, "probed", spy_probed)
+    checked = 0
+    for granularity, k in (("passage", 3), ("sentence", 3)):
+        for query in QUERIES:
+            for n, nprobe in ((4, 1), (8, 2), (24, 4)):
+                q, s = single.encode_query(query, granularity)
+                want = single.search_vectors(q, s, granularity, k, ncandidates=n, nprobe=nprobe)
+                alone = scored.pop()
+                scored.clear()
+                given.clear()
+                memos.clear()
+                hits = sharded.search_vectors(q, s, granularity, k, ncandidates=n, nprobe=nprobe)
+                assert len(given) == 4 and all(g is given[0] for g in given)  # one centroid product
+                assert all(m is memos[0] for m in memos) and len(memos[0]) == 1  # one top-nprobe
+                assert scored == [alone]  # one exact stage, the single index's candidates
+                assert [(h.passage_id, h.start, h.end) for h in hits] == [(h.passage_id, h.start, h.end)
+                                                                          for h in want]
+                assert np.allclose([h.score for h in hits], [h.score for h in want], atol=1e-5)
+                assert [h.metadata for h in hits] == [h.metadata for h in want]
+                assert all(h.metadata == {"n": int(h.passage_id[3:]), "even": int(h.passage_id[3:]) % 2 == 0}
+                           for h in hits)
+                scored.clear()
+                checked += len(alone) < len(passages)
+    assert checked, "no search pruned anything"

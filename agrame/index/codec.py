@@ -21,6 +21,7 @@ Pure functions over numpy arrays; the index files store exactly what they return
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -574,9 +575,34 @@ class CompressedVectors:
     def decompress(self) -> torch.Tensor:
         return self[:]
 
+    @classmethod
+    def concat(cls, parts: "list[CompressedVectors]") -> "CompressedVectors":
+        """One set of rows from several that share a codec (a sharded index's shards, as built)."""
+        codec = parts[0].codec
+        for part in parts[1:]:
+            if not same_codec(part.codec, codec):
+                raise ValueError("compressed vectors of different codecs cannot be joined")
+        return cls(codec, np.concatenate([p.codes for p in parts]), np.concatenate([p.packed for p in parts]))
+
     def run_max(self, queries: torch.Tensor, lo: int, hi: int, starts: np.ndarray) -> torch.Tensor:
         """:func:`agrame.scoring.compressed_run_max` of rows ``lo:hi`` (``starts`` relative to ``lo``), without
         decompressing them into an array first."""
         return scoring.compressed_run_max(self.codec.table_queries(queries),
                                           *self.codec.table_form(self.codes[lo:hi], self.packed[lo:hi]), starts)
 
+
+
+def same_codec(a, b) -> bool:
+    """Whether two codecs decode every code alike (the same kind, bits, centroids and tables)."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            if x is None or y is None or not np.array_equal(x, y):
+                return False
+        elif x != y:
+            return False
+    return True

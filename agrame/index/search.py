@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import weakref
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -380,43 +380,46 @@ class Index(BaseIndex):
         return self.manifest["model"]["settings"].get("alpha", 0.5)
 
     def candidates(self, q: torch.Tensor, nprobe: int, ncandidates: int,
-                   allowed: Optional[np.ndarray] = None, centroid_scores: Optional[torch.Tensor] = None,
-                   with_scores: bool = False):
-        """Stages 1–2: the ``ncandidates`` passages with the best centroid-approximated scores.
+                   allowed: Optional[np.ndarray] = None) -> np.ndarray:
+        """Stages 1–2: the ``ncandidates`` passages with the best centroid-approximated scores — stages
+        1–2a (:meth:`probed`), the best ``PRUNE_FACTOR × ncandidates`` of those, then stage 2b (Σ_i max
+        over all the passage's tokens' centroids, :meth:`code_scores`) keeps ``ncandidates``."""
+        cs = scoring.centroid_scores(q.float(), self._centroids)
+        unique, approx = self.probed(cs, nprobe, ncandidates, allowed)
+        if approx is not None and len(unique) > PRUNE_FACTOR * ncandidates:
+            unique = unique[_top_indices(approx, PRUNE_FACTOR * ncandidates)]
+        if len(unique) <= ncandidates:
+            return unique
+        return unique[_top_indices(self.code_scores(cs, unique), ncandidates)]
 
-        ``allowed`` (a mask of positions: live and admitted by a filter) restricts the inverted lists
-        before pruning. A small allowed set skips stage 1 (all of it goes to stage 2b, or is scored
-        exactly when it is no larger than ``ncandidates``); otherwise ``nprobe`` grows with the share
-        it excludes (next-plaid's N/|subset|) and doubles until the lists give ``ncandidates`` allowed
-        passages or every centroid is probed, so a filtered search never runs short of candidates
-        that exist. ``with_scores``: also each candidate's stage-2b score (Σ_i max over its tokens'
-        centroids), which compares across indexes that share a codec (a sharded index's shards)."""
+    def probed(self, cs: torch.Tensor, nprobe: int, ncandidates: int, allowed: Optional[np.ndarray] = None,
+               probes: Optional[Dict[int, np.ndarray]] = None) -> Tuple[np.ndarray, Optional[torch.Tensor]]:
+        """Stages 1–2a for centroid scores ``cs`` ([Lq, K], :func:`agrame.scoring.centroid_scores`): the
+        passages of the ``nprobe`` best centroids' lists, with their scores over those centroids alone.
+
+        ``allowed`` (a mask of positions: live and admitted by a filter) restricts the lists. An allowed
+        set of at most ``PRUNE_FACTOR × ncandidates`` skips both stages: it is returned whole, with no
+        scores (None: all of it goes on to stage 2b). Otherwise ``nprobe`` grows with the share it excludes
+        (next-plaid's N/|subset|) and doubles until the lists give ``ncandidates`` allowed passages or
+        every centroid is probed, so a filtered search never runs short of candidates that exist.
+        ``probes``: the centroids probed at each ``nprobe`` for these scores, filled and read here (a
+        sharded index's shards share it: one top-``nprobe`` instead of one a shard)."""
         store = self.store
-        cs = centroid_scores  # [Lq, K]: given by a sharded index that computed it once for all shards
-        if cs is None:
-            cs = scoring.similarity(q.float(), self._centroids)
         if allowed is not None:
             count = int(allowed.sum())
             if count <= PRUNE_FACTOR * ncandidates:
-                unique = np.flatnonzero(allowed)
-                if count <= ncandidates and not with_scores:
-                    return unique
-                return self._prune_by_codes(cs, unique, ncandidates, with_scores)
+                return np.flatnonzero(allowed), None
             nprobe = int(min(cs.shape[1], np.ceil(nprobe * store.num_live / max(1, count))))
         while True:
-            probe = torch.topk(cs, min(nprobe, cs.shape[1]), dim=1).indices.unique().numpy()
+            probe = None if probes is None else probes.get(nprobe)
+            if probe is None:
+                probe = torch.topk(cs, min(nprobe, cs.shape[1]), dim=1).indices.unique().numpy()
+                if probes is not None:
+                    probes[nprobe] = probe
             unique, approx = scoring.probed_maxsim(cs, probe, store.ivf.offsets, store.ivf.pids, len(store), allowed)
             if allowed is None or len(unique) >= ncandidates or nprobe >= cs.shape[1]:
-                break
+                return unique, approx
             nprobe = min(cs.shape[1], 2 * nprobe)
-        if unique.size == 0:
-            return (unique, np.zeros(0, dtype=np.float32)) if with_scores else unique
-        pool = min(len(unique), PRUNE_FACTOR * ncandidates)
-        if pool < len(unique):
-            unique = unique[_top_indices(approx, pool)]
-        if len(unique) <= ncandidates and not with_scores:
-            return unique
-        return self._prune_by_codes(cs, unique, ncandidates, with_scores)
 
     def warp_candidates(self, q: torch.Tensor, nprobe: int, ncandidates: int,
                         allowed: Optional[np.ndarray] = None) -> np.ndarray:
@@ -432,19 +435,23 @@ class Index(BaseIndex):
             n = len(store)
             self._token_lists = TokenLists.build(store.codes, store.starts[:n], store.doclens[:n],
                                                  store.codec.num_centroids)
-        return warp_candidates(q, scoring.similarity(q.float(), self._centroids), store.codec, self._token_lists,
+        return warp_candidates(q, scoring.centroid_scores(q.float(), self._centroids), store.codec, self._token_lists,
                                store.residuals, nprobe, ncandidates, allowed)
 
-    def _prune_by_codes(self, cs: torch.Tensor, unique: np.ndarray, ncandidates: int, with_scores: bool = False):
-        """Stage 2b: Σ_i max over all the passage's tokens' centroids keeps ``ncandidates`` passages."""
+    def code_scores(self, cs: torch.Tensor, positions: np.ndarray) -> torch.Tensor:
+        """Stage 2b: each passage's Σ_i max over all its tokens' centroids (``cs``: as :meth:`probed`'s),
+        which compares across indexes that share a codec (a sharded index's shards)."""
         store = self.store
-        lo = store.starts[unique]
-        approx = scoring.lookup_maxsim(cs, store.codes, lo, lo + store.doclens[unique])
-        best = _top_indices(approx, min(ncandidates, len(unique)))
-        return (unique[best], approx[best].numpy()) if with_scores else unique[best]
+        lo = store.starts[positions]
+        return scoring.lookup_maxsim(cs, store.codes, lo, lo + store.doclens[positions])
 
     def _spans(self, corpus):
         return Ranker._span_table(corpus, None) if corpus.spans else {}
+
+    def _corpus(self, pids: np.ndarray, granularity: str):
+        """Passages ``pids`` as stage 3 reads them: compressed until scored, with what ``granularity`` needs."""
+        return self.store.corpus(pids, with_sentences=granularity != "passage", with_offsets=granularity == "span",
+                                 lazy=True)
 
     def _score(self, q, s, pids: np.ndarray, granularity: str, top_k, alpha: float,
                precise: bool = False, keep_within: Optional[float] = None) -> List[ScoredSpan]:
@@ -452,15 +459,7 @@ class Index(BaseIndex):
         :func:`~agrame.ranker.rank_corpus`, for :meth:`_exhaustive`)."""
         if len(pids) == 0:
             return []
-        corpus = self.store.corpus(pids, with_sentences=granularity != "passage", with_offsets=granularity == "span",
-                                   lazy=True)
-        table = None
-        if granularity == "span":
-            table = self._spans(corpus)
-            if not table:
-                return []
-        return rank_corpus(q, s, corpus, granularity, alpha=alpha, top_k=top_k, span_table=table,
-                           precise=precise, keep_within=keep_within)
+        return rank_stored(q, s, self._corpus(pids, granularity), granularity, top_k, alpha, precise, keep_within)
 
     def _exhaustive(self, q, s, granularity: str, top_k, alpha: float,
                     allowed: Optional[np.ndarray] = None) -> List[ScoredSpan]:
@@ -491,6 +490,19 @@ class Index(BaseIndex):
                                None, alpha, precise=True)
         hits.sort(key=hit_order)
         return hits[:top_k] if top_k is not None else hits
+
+
+def rank_stored(q, s, corpus, granularity: str, top_k, alpha: float, precise: bool = False,
+                keep_within: Optional[float] = None) -> List[ScoredSpan]:
+    """Stage 3 over stored passages (:meth:`Index._corpus`, one index's or several shards' joined): their
+    exact top-k, spans from the passages' own stored spans."""
+    table = None
+    if granularity == "span":
+        table = Ranker._span_table(corpus, None) if corpus.spans else {}
+        if not table:
+            return []
+    return rank_corpus(q, s, corpus, granularity, alpha=alpha, top_k=top_k, span_table=table,
+                       precise=precise, keep_within=keep_within)
 
 
 def exact_margin(q: torch.Tensor, s: Optional[torch.Tensor], alpha: float) -> float:

@@ -30,13 +30,14 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
+import torch
 
 from .. import __version__, scoring
-from ..corpus import Passage
+from ..corpus import EncodedCorpus, Passage
 from ..encoder import Encoder
 from ..ranker import ScoredSpan, hit_order
 from .base import BaseIndex
-from .codec import ResidualCodec
+from .codec import ResidualCodec, same_codec
 from .format import (FORMAT_SHARDED, MAX_SHARDS, SHARDS_FILE, IndexDamagedError, IndexFolderError, is_sharded,
                      manifest_checksum, model_block, read_manifest, read_shards, write_manifest)
 from .lock import WriterLock
@@ -222,6 +223,19 @@ class SearchResults(list):
         return bool(self.missing_shards)
 
 
+def _cut(per_shard: Sequence[tuple], keep: np.ndarray) -> List[tuple]:
+    """``(positions, scores)`` of each shard, kept where ``keep`` (indices into all shards' rows in
+    order) falls in its rows."""
+    mask = np.zeros(sum(len(p) for p, _ in per_shard), dtype=bool)
+    mask[keep] = True
+    out, lo = [], 0
+    for positions, scores in per_shard:
+        here = mask[lo:lo + len(positions)]
+        out.append((positions[here], scores[torch.from_numpy(here)]))
+        lo += len(positions)
+    return out
+
+
 def merge_hits(per_shard: Sequence[Sequence[ScoredSpan]], top_k: Optional[int]) -> List[ScoredSpan]:
     """Top-k of several shards' top-k by exact score (:func:`hit_order`)."""
     merged = sorted((h for hits in per_shard for h in hits), key=hit_order)
@@ -346,6 +360,17 @@ class ShardedIndex(ShardedWrites, BaseIndex):
     def sentence_spans(self, passage_id: str):
         return self.shard(passage_id).sentence_spans(passage_id)
 
+    def with_metadata(self, hits: List) -> List:
+        """:meth:`BaseIndex.with_metadata`, each shard's hits read in one lookup (its :meth:`Index.with_metadata`)."""
+        by_shard: Dict[int, List[int]] = {}
+        for k, h in enumerate(hits):
+            if getattr(h, "metadata", {}) is None:
+                by_shard.setdefault(shard_of(h.passage_id, self.num_shards), []).append(k)
+        for i, ks in by_shard.items():
+            for k, h in zip(ks, self.shards[i].with_metadata([hits[k] for k in ks])):
+                hits[k] = h
+        return hits
+
     def ids(self) -> List[str]:
         return [pid for s in self.shards for pid in s.ids()]
 
@@ -390,7 +415,7 @@ class ShardedIndex(ShardedWrites, BaseIndex):
             centroids = self._shared_centroids()
             if centroids is not None:
                 return self.with_metadata(self._staged_shared(q, s, granularity, top_k, filter,
-                                                              scoring.similarity(q.float(), centroids),
+                                                              scoring.centroid_scores(q.float(), centroids),
                                                               [live / total for live in lives], **options))
             shared = {i: {"share": live / total} for i, live in enumerate(lives)}
 
@@ -404,43 +429,63 @@ class ShardedIndex(ShardedWrites, BaseIndex):
     def _staged_shared(self, q, s, granularity: str, top_k: Optional[int], filter, cs, shares: List[float], *,
                        nprobe: Optional[int] = None, ncandidates: Optional[int] = None, per_hit: Optional[int] = None,
                        alpha: Optional[float] = None, exact: bool = False) -> SearchResults:
-        """Staged search over shards that share the codec, as one index would run it: each shard proposes its
-        share of the candidates (``shard_budget``) with their stage-2b scores, which compare across shards
-        (the same centroids); the whole's best ``ncandidates`` of those are chosen, and each shard scores
-        exactly only its part of them — the exact stage costs what one index's costs, not S × a share
-        with a margin."""
-        from .search import shard_budget
+        """Staged search over shards that share the codec, run as the single index runs it: each stage's
+        scores compare across shards (the same centroids), so every cut is made over the whole — each shard
+        runs stages 1–2a on its lists (the probed centroids chosen once), the whole's best
+        ``PRUNE_FACTOR × ncandidates`` go on to stage 2b in their shards, the whole's best ``ncandidates``
+        of those are scored exactly in one stage over the shards' parts joined. The shards pick the
+        single index's candidates (up to ties) at its cost, not S × a share with a margin, nor S exact
+        stages' fixed costs. A filter's growing ``nprobe`` aims at the shard's share of the candidates
+        (:func:`shard_budget`)."""
+        from .search import PRUNE_FACTOR, _top_indices, rank_stored, shard_budget
 
         first = self.shards[0]
         nprobe, ncandidates = first.budgets(granularity, top_k, nprobe, ncandidates, per_hit)
         alpha = first.alpha(alpha)
+        probes: Dict[int, np.ndarray] = {}
 
-        def propose(i):
+        def probed(i):
             shard = self.shards[i]
             if granularity == "span" and not shard.manifest.get("has_spans"):
-                return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-            return shard.candidates(q, nprobe, shard_budget(ncandidates, shares[i]), shard.allowed(filter), cs,
-                                    with_scores=True)
-        proposed = self._map(propose, range(self.num_shards))
-        scores = np.concatenate([sc for _, sc in proposed]) if proposed else np.zeros(0)
-        chosen = np.zeros(len(scores), dtype=bool)
-        chosen[np.argsort(-scores, kind="stable")[:ncandidates]] = True
-        bounds = np.concatenate([[0], np.cumsum([len(pos) for pos, _ in proposed])])
+                return np.zeros(0, dtype=np.int64), torch.zeros(0)
+            unique, approx = shard.probed(cs, nprobe, shard_budget(ncandidates, shares[i]), shard.allowed(filter),
+                                          probes)
+            # a small allowed set has no stage-2a scores: all of it goes on, as in one index
+            return unique, torch.full((len(unique),), float("inf")) if approx is None else approx
+        found = self._map(probed, range(self.num_shards))
+        approx = torch.cat([a for _, a in found])
+        pool = max(PRUNE_FACTOR * ncandidates, int(torch.isinf(approx).sum()))
+        if len(approx) > pool:
+            found = _cut(found, _top_indices(approx, pool))
+        if sum(len(u) for u, _ in found) > ncandidates:
+            scored = self._map(lambda i: (found[i][0], self.shards[i].code_scores(cs, found[i][0])),
+                               range(self.num_shards))
+            found = _cut(scored, _top_indices(torch.cat([a for _, a in scored]), ncandidates))
 
-        def score(i):
-            pos = proposed[i][0][chosen[bounds[i]:bounds[i + 1]]]
-            return self.shards[i]._score(q, s, np.sort(pos), granularity, top_k, alpha) if len(pos) else []
-        return SearchResults(merge_hits(self._map(score, range(self.num_shards)), top_k))
+        def stored(i):
+            pos = found[i][0]
+            return self.shards[i]._corpus(np.sort(pos), granularity) if len(pos) else None
+        parts = [part for part in self._map(stored, range(self.num_shards)) if part is not None]
+        if not parts:
+            return SearchResults()
+        # One exact stage over the shards' chosen passages joined (they share the codec): a shard's own
+        # stage 3 has a fixed cost (thread round trips, the hits' records) that S shards would pay S times.
+        # Ties at the cut are kept, then cut in the total order of hits, as merge_hits would.
+        hits = rank_stored(q, s, EncodedCorpus.concat(parts), granularity, top_k, alpha, keep_within=0.0)
+        return SearchResults(merge_hits([hits], top_k))
 
     def _shared_centroids(self):
-        """The codec's centroids when every shard holds the same ones (checked once per set of opened
+        """The codec's centroids when every shard holds the same codec (checked once per set of opened
         generations), else None."""
         stores = tuple((shard.path, shard.manifest.get("generation", 1)) for shard in self.shards)
         if self._centroids_for != stores:
             first = self.shards[0]
             same = first.store is not None and all(
-                shard.store is not None and np.array_equal(shard.store.codec.centroids, first.store.codec.centroids)
+                shard.store is not None and same_codec(shard.store.codec, first.store.codec)
                 for shard in self.shards[1:])
+            if same:  # one codec object for all: joined shards' vectors decode with it (and 25 MB, not S ×)
+                for shard in self.shards[1:]:
+                    shard.store.codec, shard._centroids = first.store.codec, first._centroids
             self._centroids_for, self._centroids = stores, (first._centroids if same else None)
         return self._centroids
 
