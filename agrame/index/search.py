@@ -349,7 +349,7 @@ class Index(BaseIndex):
             if len(corpus) == 0:
                 return []
             return rank_corpus(q, s, corpus, granularity, alpha=alpha, top_k=top_k,
-                               span_table=self._spans(corpus) if granularity == "span" else None)
+                               span_table=_stored_spans(corpus) if granularity == "span" else None)
         if exact:
             return self._exhaustive(q, s, granularity, top_k, alpha, allowed)
         nprobe, ncandidates = self.budgets(granularity, top_k, nprobe, ncandidates, per_hit)
@@ -445,9 +445,6 @@ class Index(BaseIndex):
         lo = store.starts[positions]
         return scoring.lookup_maxsim(cs, store.codes, lo, lo + store.doclens[positions])
 
-    def _spans(self, corpus):
-        return Ranker._span_table(corpus, None) if corpus.spans else {}
-
     def _corpus(self, pids: np.ndarray, granularity: str):
         """Passages ``pids`` as stage 3 reads them: compressed until scored, with what ``granularity`` needs."""
         return self.store.corpus(pids, with_sentences=granularity != "passage", with_offsets=granularity == "span",
@@ -498,11 +495,16 @@ def rank_stored(q, s, corpus, granularity: str, top_k, alpha: float, precise: bo
     exact top-k, spans from the passages' own stored spans."""
     table = None
     if granularity == "span":
-        table = Ranker._span_table(corpus, None) if corpus.spans else {}
+        table = _stored_spans(corpus)
         if not table:
             return []
     return rank_corpus(q, s, corpus, granularity, alpha=alpha, top_k=top_k, span_table=table,
                        precise=precise, keep_within=keep_within)
+
+
+def _stored_spans(corpus) -> dict:
+    """The span table of the passages' own stored spans (none: empty)."""
+    return Ranker._span_table(corpus, None) if corpus.spans else {}
 
 
 def exact_margin(q: torch.Tensor, s: Optional[torch.Tensor], alpha: float) -> float:
