@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import weakref
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -385,12 +385,8 @@ class Index(BaseIndex):
         1–2a (:meth:`probed`), the best ``PRUNE_FACTOR × ncandidates`` of those, then stage 2b (Σ_i max
         over all the passage's tokens' centroids, :meth:`code_scores`) keeps ``ncandidates``."""
         cs = scoring.centroid_scores(q.float(), self._centroids)
-        unique, approx = self.probed(cs, nprobe, ncandidates, allowed)
-        if approx is not None and len(unique) > PRUNE_FACTOR * ncandidates:
-            unique = unique[_top_indices(approx, PRUNE_FACTOR * ncandidates)]
-        if len(unique) <= ncandidates:
-            return unique
-        return unique[_top_indices(self.code_scores(cs, unique), ncandidates)]
+        return prune([self.probed(cs, nprobe, ncandidates, allowed)], ncandidates,
+                     lambda _, positions: self.code_scores(cs, positions))[0]
 
     def probed(self, cs: torch.Tensor, nprobe: int, ncandidates: int, allowed: Optional[np.ndarray] = None,
                probes: Optional[Dict[int, np.ndarray]] = None) -> Tuple[np.ndarray, Optional[torch.Tensor]]:
@@ -487,6 +483,36 @@ class Index(BaseIndex):
                                None, alpha, precise=True)
         hits.sort(key=hit_order)
         return hits[:top_k] if top_k is not None else hits
+
+
+def prune(parts: Sequence[Tuple[np.ndarray, Optional[torch.Tensor]]], ncandidates: int,
+          code_scores: Callable[[int, np.ndarray], torch.Tensor]) -> List[np.ndarray]:
+    """Stage 2's cuts over stages 1–2a's passages of one index or of shards that share a codec (their
+    scores compare): ``parts``, each ``(positions, stage-2a scores)`` (None: a small allowed set, all of
+    which goes on), keep their best ``PRUNE_FACTOR × ncandidates`` over all parts; stage 2b
+    (``code_scores(part, positions)``) then keeps the best ``ncandidates``. Each part's kept positions."""
+    parts = [(u, torch.full((len(u),), float("inf")) if a is None else a) for u, a in parts]
+    approx = torch.cat([a for _, a in parts])
+    pool = max(PRUNE_FACTOR * ncandidates, int(torch.isinf(approx).sum()))
+    if len(approx) > pool:
+        parts = _cut(parts, _top_indices(approx, pool))
+    if sum(len(u) for u, _ in parts) > ncandidates:
+        parts = [(u, code_scores(i, u)) for i, (u, _) in enumerate(parts)]
+        parts = _cut(parts, _top_indices(torch.cat([a for _, a in parts]), ncandidates))
+    return [u for u, _ in parts]
+
+
+def _cut(parts: Sequence[tuple], keep: np.ndarray) -> List[tuple]:
+    """``(positions, scores)`` of each part, kept where ``keep`` (indices into all parts' rows in order)
+    falls in its rows."""
+    mask = np.zeros(sum(len(p) for p, _ in parts), dtype=bool)
+    mask[keep] = True
+    out, lo = [], 0
+    for positions, scores in parts:
+        here = mask[lo:lo + len(positions)]
+        out.append((positions[here], scores[torch.from_numpy(here)]))
+        lo += len(positions)
+    return out
 
 
 def rank_stored(q, s, corpus, granularity: str, top_k, alpha: float, precise: bool = False,

@@ -223,19 +223,6 @@ class SearchResults(list):
         return bool(self.missing_shards)
 
 
-def _cut(per_shard: Sequence[tuple], keep: np.ndarray) -> List[tuple]:
-    """``(positions, scores)`` of each shard, kept where ``keep`` (indices into all shards' rows in
-    order) falls in its rows."""
-    mask = np.zeros(sum(len(p) for p, _ in per_shard), dtype=bool)
-    mask[keep] = True
-    out, lo = [], 0
-    for positions, scores in per_shard:
-        here = mask[lo:lo + len(positions)]
-        out.append((positions[here], scores[torch.from_numpy(here)]))
-        lo += len(positions)
-    return out
-
-
 def merge_hits(per_shard: Sequence[Sequence[ScoredSpan]], top_k: Optional[int]) -> List[ScoredSpan]:
     """Top-k of several shards' top-k by exact score (:func:`hit_order`)."""
     merged = sorted((h for hits in per_shard for h in hits), key=hit_order)
@@ -437,7 +424,7 @@ class ShardedIndex(ShardedWrites, BaseIndex):
         single index's candidates (up to ties) at its cost, not S × a share with a margin, nor S exact
         stages' fixed costs. A filter's growing ``nprobe`` aims at the shard's share of the candidates
         (:func:`shard_budget`)."""
-        from .search import PRUNE_FACTOR, _top_indices, rank_stored, shard_budget
+        from .search import prune, rank_stored, shard_budget
 
         first = self.shards[0]
         nprobe, ncandidates = first.budgets(granularity, top_k, nprobe, ncandidates, per_hit)
@@ -448,28 +435,16 @@ class ShardedIndex(ShardedWrites, BaseIndex):
             shard = self.shards[i]
             if granularity == "span" and not shard.manifest.get("has_spans"):
                 return np.zeros(0, dtype=np.int64), torch.zeros(0)
-            unique, approx = shard.probed(cs, nprobe, shard_budget(ncandidates, shares[i]), shard.allowed(filter),
-                                          probes)
-            # a small allowed set has no stage-2a scores: all of it goes on, as in one index
-            return unique, torch.full((len(unique),), float("inf")) if approx is None else approx
+            return shard.probed(cs, nprobe, shard_budget(ncandidates, shares[i]), shard.allowed(filter), probes)
         # The shards' stages run one after another in this thread: each is a compiled pass over one shard's
         # lists or codes (well under a millisecond on the pool corpus), which a thread task costs more than it
         # saves — 8 shards' passage top 100: 1.11× the single index's latency on the shard threads, 1.01×
         # in one (a diagnostic A/B, 100 squad-dev questions). The exact stage uses every thread (ranker's
         # chunk pool).
-        found = [probed(i) for i in range(self.num_shards)]
-        approx = torch.cat([a for _, a in found])
-        pool = max(PRUNE_FACTOR * ncandidates, int(torch.isinf(approx).sum()))
-        if len(approx) > pool:
-            found = _cut(found, _top_indices(approx, pool))
-        if sum(len(u) for u, _ in found) > ncandidates:
-            scored = [(found[i][0], self.shards[i].code_scores(cs, found[i][0])) for i in range(self.num_shards)]
-            found = _cut(scored, _top_indices(torch.cat([a for _, a in scored]), ncandidates))
+        kept = prune([probed(i) for i in range(self.num_shards)], ncandidates,
+                     lambda i, positions: self.shards[i].code_scores(cs, positions))
 
-        def stored(i):
-            pos = found[i][0]
-            return self.shards[i]._corpus(np.sort(pos), granularity) if len(pos) else None
-        parts = [part for part in map(stored, range(self.num_shards)) if part is not None]
+        parts = [self.shards[i]._corpus(np.sort(pos), granularity) for i, pos in enumerate(kept) if len(pos)]
         if not parts:
             return SearchResults()
         # One exact stage over the shards' chosen passages joined (they share the codec): a shard's own
