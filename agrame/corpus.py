@@ -200,7 +200,7 @@ class EncodedCorpus:
             members.update({base + p: m for p, m in part.pool_members.items()})
             base += len(part)
         return cls(
-            ids=_joined([p.ids for p in parts]), texts=_joined([p.texts for p in parts]),
+            ids=joined_sequences([p.ids for p in parts]), texts=joined_sequences([p.texts for p in parts]),
             vectors=joined, offsets=torch.cat([p.offsets for p in parts]),
             token_passage=torch.cat(token_passage), token_sentence=torch.cat(token_sentence),
             sentences=torch.cat([p.sentences for p in parts]), sentence_passage=torch.cat(sentence_passage),
@@ -245,13 +245,15 @@ class EncodedCorpus:
         )
 
 
-def _joined(parts: Sequence[Sequence[str]]) -> Sequence[str]:
+def joined_sequences(parts: Sequence[Sequence[str]]) -> Sequence[str]:
+    """``parts`` read as one sequence: a list when they are lists, else a view that leaves lazily read
+    parts (an index's records) unread."""
     if all(isinstance(p, list) for p in parts):
         return [x for p in parts for x in p]
-    return _Chain(parts)
+    return ChainedSequence(parts)
 
 
-class _Chain(Sequence):
+class ChainedSequence(Sequence):
     """Several sequences read as one, without reading them (each item is read where it lies)."""
 
     def __init__(self, parts: Sequence[Sequence[str]]):

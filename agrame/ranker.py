@@ -312,10 +312,11 @@ def rank_corpus(
     passage_scores, sentence_scores, span_results = score_corpus(
         q_vecs, s_vecs, corpus, granularity, span_table=span_table, chunk_tokens=chunk_tokens, precise=precise)
     if granularity == "passage":
-        order = _top(passage_scores, top_k, keep_within)
-        return [ScoredSpan(corpus.ids[p], 0, len(corpus.texts[p]), float(passage_scores[p]),
-                           float(passage_scores[p]), float(passage_scores[p]), corpus.texts[p],
-                           ((0, len(corpus.texts[p])),)) for p in order]
+        hits = []
+        for p in _top(passage_scores, top_k, keep_within):
+            text, score = corpus.texts[p], float(passage_scores[p])  # a lazy corpus reads a record per access
+            hits.append(ScoredSpan(corpus.ids[p], 0, len(text), score, score, score, text, ((0, len(text)),)))
+        return hits
     if granularity == "sentence":
         owners = corpus.sentence_passage
         combined = scoring.combined_score(sentence_scores, passage_scores[owners], alpha)

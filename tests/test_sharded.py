@@ -261,3 +261,48 @@ def test_sharded_staged_search_runs_the_single_index_search(tmp_path, tiny_encod
                 scored.clear()
                 checked += len(alone) < len(passages)
     assert checked, "no search pruned anything"
+
+
+@pytest.mark.parametrize("pool_factor", [1, 2])
+def test_shards_gather_into_one_corpus_as_their_corpora_join(tmp_path, tiny_encoder, pool_factor):
+    """The sharded exact stage gathers its shards' passages into one corpus in one pass
+    (``store.gather``): the same corpus, field by field, as each shard's own corpus joined
+    (``EncodedCorpus.concat``), for every granularity's flags, pooled or not; a store of another
+    codec is refused."""
+    import torch
+
+    from agrame.corpus import EncodedCorpus
+    from agrame.index.codec import ResidualCodec
+    from agrame.index.store import gather
+
+    build_sharded(tiny_encoder, _many(), tmp_path / "sh", 3, progress=False, chunk_passages=4,
+                  pool_factor=pool_factor)
+    stores = [shard.store for shard in ShardedIndex(tmp_path / "sh", model=tiny_encoder).shards]
+    rng = np.random.default_rng(pool_factor)
+    parts = [(store, rng.permutation(len(store))[:max(1, len(store) - 2)]) for store in stores]
+    parts.insert(1, (stores[2], np.array([0], dtype=np.int64)))  # one store twice: its rows keep their order
+    for flags in ({}, {"with_offsets": False}, {"with_sentences": False}, {"lazy": True}):
+        one = gather(parts, **flags)
+        joined = EncodedCorpus.concat([store.corpus(pids, **flags) for store, pids in parts])
+        vectors = [c.vectors.decompress() if hasattr(c.vectors, "decompress") else c.vectors for c in (one, joined)]
+        assert torch.equal(*vectors), flags
+        for name in ("offsets", "token_passage", "token_sentence", "sentences", "sentence_passage", "passage_starts"):
+            assert torch.equal(getattr(one, name), getattr(joined, name)), (flags, name)
+        assert list(one.ids) == list(joined.ids) and list(one.texts) == list(joined.texts), flags
+        assert one.spans == joined.spans, flags
+        assert one.pool_members.keys() == joined.pool_members.keys(), flags
+        for k, (offsets, assignment) in one.pool_members.items():
+            assert torch.equal(offsets, joined.pool_members[k][0]) and np.array_equal(assignment,
+                                                                                        joined.pool_members[k][1])
+    assert bool(one.pool_members) == (pool_factor > 1)
+    # A lazy corpus reads a hit's record once, for its id and its text.
+    read = []
+    for store in stores:
+        store.record = (lambda record: lambda p: read.append(p) or record(p))(store.record)
+    lazy = gather(parts, with_offsets=False)
+    assert read == [] and (lazy.ids[2], lazy.texts[2]) == (joined.ids[2], joined.texts[2]) and len(read) == 1
+    codec = stores[0].codec
+    other = ResidualCodec(codec.centroids, codec.cutoffs, codec.weights * 2, codec.nbits)
+    stores[1].codec = other
+    with pytest.raises(ValueError, match="different codecs"):
+        gather(parts)

@@ -24,11 +24,12 @@ import numpy as np
 import torch
 
 from .. import scoring
+from ..corpus import EncodedCorpus
 from ..encoder import Encoder
 from ..ranker import GRANULARITIES, Ranker, ScoredSpan, hit_order, rank_corpus
 from .base import BaseIndex
 from .format import FORMAT_V1, IndexFolderError, SearchSettings, load_index_model, read_manifest
-from .store import Store
+from .store import Store, gather
 from .writer import DEFAULT_COMPACT_THRESHOLD
 
 #: Stage 2a keeps this many times ``ncandidates`` passages for the code-level step 2b.
@@ -443,8 +444,7 @@ class Index(BaseIndex):
 
     def _corpus(self, pids: np.ndarray, granularity: str):
         """Passages ``pids`` as stage 3 reads them: compressed until scored, with what ``granularity`` needs."""
-        return self.store.corpus(pids, with_sentences=granularity != "passage", with_offsets=granularity == "span",
-                                 lazy=True)
+        return stored_corpus([(self.store, pids)], granularity)
 
     def _score(self, q, s, pids: np.ndarray, granularity: str, top_k, alpha: float,
                precise: bool = False, keep_within: Optional[float] = None) -> List[ScoredSpan]:
@@ -513,6 +513,12 @@ def _cut(parts: Sequence[tuple], keep: np.ndarray) -> List[tuple]:
         out.append((positions[here], scores[torch.from_numpy(here)]))
         lo += len(positions)
     return out
+
+
+def stored_corpus(parts, granularity: str) -> EncodedCorpus:
+    """Passages of ``(store, pids)`` parts (one index's, or shards' that share a codec) as stage 3 reads
+    them: one corpus, compressed until scored, with what ``granularity`` needs."""
+    return gather(parts, with_sentences=granularity != "passage", with_offsets=granularity == "span", lazy=True)
 
 
 def rank_stored(q, s, corpus, granularity: str, top_k, alpha: float, precise: bool = False,

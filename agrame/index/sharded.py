@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from .. import __version__, scoring
-from ..corpus import EncodedCorpus, Passage
+from ..corpus import Passage
 from ..encoder import Encoder
 from ..ranker import ScoredSpan, hit_order
 from .base import BaseIndex
@@ -424,7 +424,7 @@ class ShardedIndex(ShardedWrites, BaseIndex):
         single index's candidates (up to ties) at its cost, not S × a share with a margin, nor S exact
         stages' fixed costs. A filter's growing ``nprobe`` aims at the shard's share of the candidates
         (:func:`shard_budget`)."""
-        from .search import prune, rank_stored, shard_budget
+        from .search import prune, rank_stored, shard_budget, stored_corpus
 
         first = self.shards[0]
         nprobe, ncandidates = first.budgets(granularity, top_k, nprobe, ncandidates, per_hit)
@@ -444,13 +444,13 @@ class ShardedIndex(ShardedWrites, BaseIndex):
         kept = prune([probed(i) for i in range(self.num_shards)], ncandidates,
                      lambda i, positions: self.shards[i].code_scores(cs, positions))
 
-        parts = [self.shards[i]._corpus(np.sort(pos), granularity) for i, pos in enumerate(kept) if len(pos)]
+        parts = [(self.shards[i].store, np.sort(pos)) for i, pos in enumerate(kept) if len(pos)]
         if not parts:
             return SearchResults()
-        # One exact stage over the shards' chosen passages joined (they share the codec): a shard's own
-        # stage 3 has a fixed cost (thread round trips, the hits' records) that S shards would pay S times.
-        # Ties at the cut are kept, then cut in the total order of hits, as merge_hits would.
-        hits = rank_stored(q, s, EncodedCorpus.concat(parts), granularity, top_k, alpha, keep_within=0.0)
+        # One exact stage over the shards' chosen passages gathered into one corpus (they share the codec):
+        # a shard's own stage 3 has a fixed cost (thread round trips, the hits' records) that S shards would
+        # pay S times. Ties at the cut are kept, then cut in the total order of hits, as merge_hits would.
+        hits = rank_stored(q, s, stored_corpus(parts, granularity), granularity, top_k, alpha, keep_within=0.0)
         return SearchResults(merge_hits([hits], top_k))
 
     def _shared_centroids(self):

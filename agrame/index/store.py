@@ -52,12 +52,12 @@ from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequenc
 import numpy as np
 
 from .. import __version__
-from ..corpus import EncodedCorpus, Passage
+from ..corpus import EncodedCorpus, Passage, joined_sequences
 from ..encoder import EncodedPassage, Encoder
 from ..pooling import check_pool_factor, decode_assignment, pool_passage, pooled_offsets
 from ..spans import normalize_span, sorted_token_segments, split_sentences
 from .codec import (PQ_TRAIN_POINTS, CompressedVectors, ProductCodec, ResidualCodec, num_centroids,
-                    parse_residuals, residuals_option, train_codec_of)
+                    parse_residuals, residuals_option, same_codec, train_codec_of)
 from .format import (FORMAT_V2, IVF_PIDS, MANIFEST, IndexDamagedError, IndexFolderError, check_files, crc32_file, ivf_generation,
                      model_block, read_manifest, replace_file, store_root, writing, VERIFY_LIMIT)
 from .ivf import InvertedFile, _ranges, build_ivf, decode_varint, encode_varint, unique_pairs
@@ -575,6 +575,86 @@ def train_codec_from(source: "VectorSource", nbits: int, *, seed: int = 0,
                        "kmeans_seconds": round(time.perf_counter() - started, 1), "seed": seed}
 
 
+def gather(parts: Sequence[Tuple["Store", Sequence[int]]], with_sentences: bool = True, with_offsets: bool = True,
+           lazy: bool = False) -> EncodedCorpus:
+    """One :class:`EncodedCorpus` of the passages ``pids`` of each ``(store, pids)`` part, in that order:
+    :meth:`Store.corpus` of one store, or of several that share a codec (a sharded index's shards) in
+    one pass — each store gives its rows of the codes and tables, the corpus is numbered and laid out
+    once (S stores' corpora joined afterwards cost ~0.3 ms a shard more; a diagnostic profile).
+    Flags as :meth:`Store.corpus`."""
+    import torch
+
+    parts = [(store, np.asarray(pids, dtype=np.int64)) for store, pids in parts]
+    codec = parts[0][0].codec
+    for store, _ in parts[1:]:
+        if store.codec is not codec and not same_codec(store.codec, codec):
+            raise ValueError("passages of stores with different codecs cannot be gathered into one corpus")
+    rows = [store.token_rows(pids) for store, pids in parts]
+    doclens_np = _joined_rows([store.doclens[pids] for store, pids in parts]).astype(np.int64, copy=False)
+    vectors = CompressedVectors(codec, _joined_rows([store.codes[r] for (store, _), r in zip(parts, rows)]),
+                                _joined_rows([store.residuals[r] for (store, _), r in zip(parts, rows)]))
+    if not lazy:
+        vectors = vectors.decompress()
+    n, num_tokens = len(doclens_np), int(doclens_np.sum())
+    doclens = torch.from_numpy(doclens_np)
+    # numpy's repeat: torch's repeat_interleave costs ~0.25 ms even on a few passages (a diagnostic run)
+    token_passage = torch.from_numpy(np.repeat(np.arange(n), doclens_np))
+    passage_starts = torch.cat([torch.zeros(1, dtype=torch.long), doclens.cumsum(0)])
+
+    lazy_records = [_LazyRecords(store, pids) for store, pids in parts]  # one read per hit, for all fields
+
+    def lazy_view(field: str):
+        views = [records.view(field) for records in lazy_records]
+        return views[0] if len(views) == 1 else joined_sequences(views)
+
+    if not with_sentences:
+        return EncodedCorpus(
+            ids=lazy_view("id"), texts=lazy_view("text"), vectors=vectors,
+            offsets=torch.zeros((num_tokens, 2), dtype=torch.long),
+            token_passage=token_passage, token_sentence=torch.full((num_tokens,), -1, dtype=torch.long),
+            sentences=torch.zeros((0, 2), dtype=torch.long), sentence_passage=torch.zeros(0, dtype=torch.long),
+            passage_starts=passage_starts)
+    members: Dict[int, tuple] = {}
+    stored_tables = all(store.sentence_tokens is not None for store, _ in parts)
+    if with_offsets or not stored_tables:
+        ids, texts, spans, offset_parts, base = [], [], {}, [], 0
+        for (store, pids), r in zip(parts, rows):
+            records = [store.record(p) for p in pids.tolist()]
+            own: Dict[int, tuple] = {}
+            offset_parts.append(store._offsets(pids, r, records, own))
+            members.update({base + k: m for k, m in own.items()})
+            ids += [rec["id"] for rec in records]
+            texts += [rec["text"] for rec in records]
+            spans.update({rec["id"]: tuple(rec["spans"]) for rec in records if "spans" in rec})
+            base += len(pids)
+        offsets = torch.cat(offset_parts)
+    else:  # sentence scores need the stored token→sentence table only: records read for the hits alone
+        ids, texts, spans = lazy_view("id"), lazy_view("text"), {}
+        offsets = torch.zeros((num_tokens, 2), dtype=torch.long)
+    counts = [store.sent_starts[pids + 1] - store.sent_starts[pids] for store, pids in parts]
+    sent_rows = [_ranges(store.sent_starts[pids], c) for (store, pids), c in zip(parts, counts)]
+    sent_counts = _joined_rows(counts)
+    sentences = torch.from_numpy(_joined_rows([store.sentences[r] for (store, _), r in zip(parts, sent_rows)])
+                                 .astype(np.int64))
+    span_starts = torch.from_numpy(np.concatenate([[0], np.cumsum(sent_counts)]))
+    if stored_tables and not with_offsets:
+        table = _joined_rows([store.sentence_tokens[r] for (store, _), r in zip(parts, sent_rows)])
+        local = torch.from_numpy(token_sentences_from_rows(table, sent_counts, doclens_np))
+    else:
+        local = sorted_token_segments(offsets, sentences.reshape(-1, 2), token_passage, span_starts)
+    token_sentence = torch.where(local >= 0, local + span_starts[token_passage], local)
+    return EncodedCorpus(
+        ids=ids, texts=texts, vectors=vectors,
+        offsets=offsets, token_passage=token_passage, token_sentence=token_sentence,
+        sentences=sentences.reshape(-1, 2),
+        sentence_passage=torch.from_numpy(np.repeat(np.arange(n), sent_counts)),
+        passage_starts=passage_starts, spans=spans, pool_members=members)
+
+
+def _joined_rows(arrays: List[np.ndarray]) -> np.ndarray:
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
 class _LazyRecords:
     """Passage records of ``pids`` read on first access (one field per :meth:`view`)."""
 
@@ -976,52 +1056,7 @@ class Store:
         ``lazy``: vectors that decompress as exact scoring reads them (:class:`CompressedVectors`)
         instead of one float32 tensor.
         """
-        import torch
-
-        pids = np.asarray(pids, dtype=np.int64)
-        rows = self.token_rows(pids)
-        vectors = CompressedVectors(self.codec, self.codes[rows], self.residuals[rows])
-        if not lazy:
-            vectors = vectors.decompress()
-        doclens = torch.from_numpy(self.doclens[pids])
-        # numpy's repeat: torch's repeat_interleave costs ~0.25 ms even on a few passages (a shard's part;
-        # a diagnostic run), and a sharded search gathers S parts
-        token_passage = torch.from_numpy(np.repeat(np.arange(len(pids)), self.doclens[pids]))
-        passage_starts = torch.cat([torch.zeros(1, dtype=torch.long), doclens.cumsum(0)])
-        if not with_sentences:
-            records = _LazyRecords(self, pids)
-            return EncodedCorpus(
-                ids=records.view("id"), texts=records.view("text"), vectors=vectors,
-                offsets=torch.zeros((len(rows), 2), dtype=torch.long),
-                token_passage=token_passage, token_sentence=torch.full((len(rows),), -1, dtype=torch.long),
-                sentences=torch.zeros((0, 2), dtype=torch.long), sentence_passage=torch.zeros(0, dtype=torch.long),
-                passage_starts=passage_starts)
-        members: Dict[int, tuple] = {}
-        if with_offsets or self.sentence_tokens is None:
-            records = [self.record(p) for p in pids.tolist()]
-            offsets = self._offsets(pids, rows, records, members)
-            ids, texts = [r["id"] for r in records], [r["text"] for r in records]
-            spans = {r["id"]: tuple(r["spans"]) for r in records if "spans" in r}
-        else:  # sentence scores need the stored token→sentence table only: records read for the hits alone
-            lazy_records = _LazyRecords(self, pids)
-            ids, texts, spans = lazy_records.view("id"), lazy_records.view("text"), {}
-            offsets = torch.zeros((len(rows), 2), dtype=torch.long)
-        sent_counts = self.sent_starts[pids + 1] - self.sent_starts[pids]
-        sent_rows = _ranges(self.sent_starts[pids], sent_counts)
-        sentences = torch.from_numpy(self.sentences[sent_rows].astype(np.int64))
-        span_starts = torch.from_numpy(np.concatenate([[0], np.cumsum(sent_counts)]))
-        if self.sentence_tokens is not None:
-            local = torch.from_numpy(token_sentences_from_rows(self.sentence_tokens[sent_rows], sent_counts,
-                                                               self.doclens[pids]))
-        else:
-            local = sorted_token_segments(offsets, sentences, token_passage, span_starts)
-        token_sentence = torch.where(local >= 0, local + span_starts[token_passage], local)
-        return EncodedCorpus(
-            ids=ids, texts=texts, vectors=vectors,
-            offsets=offsets, token_passage=token_passage, token_sentence=token_sentence,
-            sentences=sentences.reshape(-1, 2),
-            sentence_passage=torch.from_numpy(np.repeat(np.arange(len(pids)), sent_counts)),
-            passage_starts=passage_starts, spans=spans, pool_members=members)
+        return gather([(self, pids)], with_sentences=with_sentences, with_offsets=with_offsets, lazy=lazy)
 
     def _offsets(self, pids: np.ndarray, rows: np.ndarray, records: List[dict], members: Optional[dict] = None):
         """``[n, 2]`` character offsets of the tokens of ``pids`` (rows ``rows``): stored, or recomputed
