@@ -49,9 +49,17 @@ def test_every_block_runs_or_says_why_not():
     assert sum(page.name == "README.md" for page, *_ in RUN) >= 4  # the README's tour
 
 
+@pytest.fixture(scope="session")
+def docs_tmp(tmp_path_factory) -> Path:
+    """Where this run's blocks write what they write under /tmp: the pages name fixed paths (for a reader
+    to copy), and two runs at once would otherwise share them (a run beside the CI failed that way)."""
+    return tmp_path_factory.mktemp("docs-tmp")
+
+
 @pytest.mark.parametrize("page,lang,line,code,reason", RUN,
                          ids=[f"{p.relative_to(REPO)}:{n}" for p, _, n, _, _ in RUN])
-def test_block_runs(page, lang, line, code, reason):
+def test_block_runs(page, lang, line, code, reason, docs_tmp):
+    code = code.replace("/tmp/", f"{docs_tmp}/")  # blocks of one run still share their files, as a reader's do
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     command = ["bash", "-e", "-o", "pipefail", "-c", code] if lang == "bash" else [sys.executable, "-c", code]
