@@ -84,6 +84,28 @@ def _named_files(config) -> set[Path]:
     return named
 
 
+#: Files whose tests share one machine-wide resource, run one after another by one pytest-xdist worker: a Ray
+#: cluster — `ray start` records its cluster in /tmp/ray, and a local `ray.init(num_cpus=…)` in another worker
+#: would find it and fail.
+SHARED_SCOPES = {"test_ray.py": "ray clusters", "test_ray_nodes.py": "ray clusters"}
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (the test extra), absent without it
+def pytest_xdist_make_scheduler(config, log):
+    """``pytest -n N`` (the README's command) hands out whole files: a file's tests run in one worker, in
+    order — its module fixtures are built once, its steps (the docs' blocks of one page) share their files —
+    and files of :data:`SHARED_SCOPES` go to one worker together. (pytest-xdist's own ``loadgroup`` would
+    need its group marks read into the tests' ids, which pytest 9 no longer lets it write.)"""
+    from xdist.scheduler import LoadFileScheduling
+
+    class ByFile(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return SHARED_SCOPES.get(Path(file).name, file)
+
+    return ByFile(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--full"):
         return
