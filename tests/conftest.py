@@ -100,10 +100,15 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ByFile(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            file = nodeid.split("::", 1)[0]
-            return SHARED_SCOPES.get(Path(file).name, file)
+            return worker_scope(nodeid)
 
     return ByFile(config, log)
+
+
+def worker_scope(nodeid: str) -> str:
+    """What one worker runs whole (:func:`pytest_xdist_make_scheduler`): the test's file, or its shared scope."""
+    file = nodeid.split("::", 1)[0]
+    return SHARED_SCOPES.get(Path(file).name, file)
 
 
 def pytest_collection_modifyitems(config, items):

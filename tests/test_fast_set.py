@@ -36,3 +36,14 @@ def test_a_slow_file_is_deselected_when_only_its_folder_is_named():
     kept, left = _collected("tests", "-k", "test_mounts")
     assert kept == 0 and left >= 2
     assert _collected("tests", "-k", "test_mounts", "--full")[0] >= 2
+
+
+def test_the_workers_are_handed_whole_files_and_the_ray_files_together():
+    # `pytest --full -n 2` (the README's command): a docs page's blocks share files in order, and two Ray
+    # clusters started at once in two workers find each other (tests/conftest.py's scheduler).
+    from conftest import worker_scope as scope
+
+    assert scope("tests/test_docs.py::test_block_runs[docs/cli.md:7]") == scope("tests/test_docs.py::test_block_runs[x]")
+    assert scope("tests/test_docs.py::test_block_runs[x]") != scope("tests/test_pq.py::test_pack_unpack_codes_round_trip")
+    assert scope("tests/test_ray.py::test_cli_index_on_ray") == scope("tests/test_ray_nodes.py::test_a_lost_node")
+    assert scope("tests/test_ray.py::a") != scope("tests/test_sharded.py::a")
