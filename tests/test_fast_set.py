@@ -47,3 +47,15 @@ def test_the_workers_are_handed_whole_files_and_the_ray_files_together():
     assert scope("tests/test_docs.py::test_block_runs[x]") != scope("tests/test_pq.py::test_pack_unpack_codes_round_trip")
     assert scope("tests/test_ray.py::test_cli_index_on_ray") == scope("tests/test_ray_nodes.py::test_a_lost_node")
     assert scope("tests/test_ray.py::a") != scope("tests/test_sharded.py::a")
+
+
+def test_the_workers_start_the_longest_files_first_each_in_its_own_order():
+    from types import SimpleNamespace
+
+    from conftest import _longest_first
+
+    items = [SimpleNamespace(path=Path(f"tests/{name}"), k=k) for k, name in
+             enumerate(["test_a.py", "test_standing_suite.py", "test_docs.py", "test_a.py", "test_docs.py"])]
+    _longest_first(items)
+    assert [(i.path.name, i.k) for i in items] == [("test_docs.py", 2), ("test_docs.py", 4),
+                                                   ("test_standing_suite.py", 1), ("test_a.py", 0), ("test_a.py", 3)]
