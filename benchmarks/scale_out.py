@@ -12,8 +12,9 @@ three indexes hold the same bytes. ``search`` splits the pool index (its codec, 
 vectors: no encoding) into S shards and compares, on SQuAD dev questions, each sharded index with
 the single index: exact mode (every passage scored) must give the identical top-k; staged mode's
 top-1 sentence and top-100 passages are compared with the single index's exhaustive scan.
-Latency: query encoding excluded, shards searched in threads (2 cores here), each index timed after one
-untimed pass over the queries, every index's search of a query one after another (a rotating order).
+Latency: query encoding excluded, the shards' stages 1–2 in the calling thread and the exact stage on every
+thread (2 cores here), each index timed after one untimed pass over the queries, every index's search of a
+query one after another (a rotating order).
 """
 
 from __future__ import annotations

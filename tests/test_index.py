@@ -529,8 +529,9 @@ def test_lazily_decompressed_vectors_score_as_the_decompressed_corpus(tmp_path, 
 
 
 def test_lazy_corpora_join_compressed_and_unread(tmp_path, tiny_encoder):
-    # A sharded index's exact stage joins its shards' parts (EncodedCorpus.concat): the vectors stay
-    # compressed, the records unread until a hit asks, and the joined corpus scores as its parts' rows do.
+    # Corpora joined (EncodedCorpus.concat: the benchmarks' cached shards; store.gather does it in one pass):
+    # the vectors stay compressed, the records unread until a hit asks, and the joined corpus scores as its
+    # parts' rows do.
     from agrame.corpus import EncodedCorpus
     from agrame.index.codec import CompressedVectors, ResidualCodec, same_codec
     from agrame.ranker import score_corpus

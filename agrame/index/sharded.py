@@ -420,8 +420,8 @@ class ShardedIndex(ShardedWrites, BaseIndex):
         scores compare across shards (the same centroids), so every cut is made over the whole — each shard
         runs stages 1–2a on its lists (the probed centroids chosen once), the whole's best
         ``PRUNE_FACTOR × ncandidates`` go on to stage 2b in their shards, the whole's best ``ncandidates``
-        of those are scored exactly in one stage over the shards' parts joined. The shards pick the
-        single index's candidates (up to ties) at its cost, not S × a share with a margin, nor S exact
+        of those are scored exactly in one stage over one corpus gathered from the shards. The shards pick
+        the single index's candidates (up to ties) at its cost, not S × a share with a margin, nor S exact
         stages' fixed costs. A filter's growing ``nprobe`` aims at the shard's share of the candidates
         (:func:`shard_budget`)."""
         from .search import prune, rank_stored, shard_budget, stored_corpus
@@ -462,7 +462,7 @@ class ShardedIndex(ShardedWrites, BaseIndex):
             same = first.store is not None and all(
                 shard.store is not None and same_codec(shard.store.codec, first.store.codec)
                 for shard in self.shards[1:])
-            if same:  # one codec object for all: joined shards' vectors decode with it (and 25 MB, not S ×)
+            if same:  # one codec object: the gathered corpus's vectors decode with it (and 25 MB, not S ×)
                 for shard in self.shards[1:]:
                     shard.store.codec, shard._centroids = first.store.codec, first._centroids
             self._centroids_for, self._centroids = stores, (first._centroids if same else None)
