@@ -244,6 +244,27 @@ def test_filter_columns_agree_with_plain_python_on_every_leaf():
                 [i for i, m in enumerate(metas) if matches(m, spec)], spec
 
 
+def test_metadata_of_many_ids_in_one_query_equals_the_lookup_of_each(tmp_path, tiny_encoder):
+    """Hits' metadata come from one query by id (the newest live copy of each); a naive loop over
+    position_of and the row of that position is the reference, after random upserts and deletes."""
+    rng = random.Random(7)
+    path = tmp_path / "ix"
+    build_index(tiny_encoder, _passages(8), path, progress=False)
+    for step in range(6):
+        with IndexWriter(path, compact_threshold=None) as w:
+            ids = rng.sample([f"p{i}" for i in range(8)], 3)
+            if step % 3 == 2:
+                w.delete(ids, missing="ok")
+            else:
+                w.upsert(tiny_encoder, [Passage(pid, f"{TEXTS[step]} v{step}", metadata={"v": step, "id": pid})
+                                        for pid in ids])
+        store = Index(path, model=tiny_encoder).store
+        asked = [f"p{i}" for i in range(10)]  # p8, p9 were never added
+        naive = {pid: store.metadata(pos) for pid, pos in store.position_of(asked).items()}
+        assert store.metadata_by_id(asked) == naive
+        assert any(m.get("v") == step for m in naive.values()) == (step % 3 != 2)
+
+
 def test_injection_strings_are_data(tmp_path):
     evil = "x'); DROP TABLE passages; --"
     db = MetadataDB(tmp_path / "m.sqlite", writable=True, create=True)

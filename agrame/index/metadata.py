@@ -32,7 +32,7 @@ import sqlite3
 import threading
 import zlib
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -658,6 +658,27 @@ class MetadataDB:
         missing = [p for p in positions if p not in out and crcs is not None and p < len(crcs)]
         if missing:
             raise RowDamaged(f"the row of position {missing[0]} is missing")
+        return out
+
+    def checked_rows_of_ids(self, ids: Sequence[str], num_positions: int,
+                            live: Callable[[int], bool]) -> Dict[str, Tuple[int, Dict[str, Any]]]:
+        """``{id: (pos, metadata)}`` of the newest ``live`` position (below ``num_positions``) of each of ``ids``
+        that has one, in one query (a search's hits: :meth:`positions_of` then :meth:`checked_rows` in one), its
+        row checked as :meth:`metadata` checks it."""
+        crcs = self.row_crcs
+        newest: Dict[str, tuple] = {}
+        ids = list(ids)
+        for lo in range(0, len(ids), 500):
+            part = ids[lo:lo + 500]
+            for row in self._query(f"SELECT pos, id, meta FROM passages WHERE pos < ? AND id IN "
+                                   f"({', '.join('?' * len(part))})", [num_positions, *part]):
+                if live(row[0]) and (row[1] not in newest or row[0] > newest[row[1]][0]):
+                    newest[row[1]] = row  # an upsert's newest copy is the live one
+        out: Dict[str, Tuple[int, Dict[str, Any]]] = {}
+        for pid, row in newest.items():
+            if crcs is not None and row[0] < len(crcs) and _row_crc(row) != int(crcs[row[0]]):
+                raise RowDamaged(f"the row of position {row[0]} was changed")
+            out[pid] = (row[0], json.loads(row[2]) if row[2] else {})
         return out
 
     def rows(self, positions: Sequence[int]) -> List[Tuple[int, str, Optional[dict]]]:

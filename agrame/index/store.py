@@ -982,23 +982,19 @@ class Store:
             self._damage(self.manifest["metadata"], f"does not match its digest ({exc})")
 
     def metadata_by_id(self, ids: Sequence[str]) -> Dict[str, dict]:
-        """The metadata of the live passages among ``ids`` (``{}`` for one without), two queries in all; a
-        row whose checked id is not the one asked for is damage, as in :meth:`Index.get`."""
+        """The metadata of the live passages among ``ids`` (``{}`` for one without), in one query; a row
+        whose check fails is damage, as in :meth:`Index.get`."""
         from .metadata import RowDamaged
 
-        positions = self.position_of(ids)
         if self.meta is None:
-            return {pid: {} for pid in positions}
+            return {pid: {} for pid in self.position_of(ids)}
+        alive = self.alive
         try:
-            rows = self.meta.checked_rows(positions.values())
+            rows = self.meta.checked_rows_of_ids(ids, len(self), (lambda pos: True) if alive is None else
+                                                 (lambda pos: bool(alive[pos])))
         except RowDamaged as exc:
             self._damage(self.manifest["metadata"], f"does not match its digest ({exc})")
-        out = {}
-        for pid, pos in positions.items():
-            if rows[pos][0] != pid:
-                self.damaged_lookup(pid)
-            out[pid] = rows[pos][1]
-        return out
+        return {pid: meta for pid, (_, meta) in rows.items()}
 
     def allowed(self, spec) -> Optional[np.ndarray]:
         """Boolean mask of the live positions a filter admits (None: every position, nothing deleted).
