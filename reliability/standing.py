@@ -14,14 +14,14 @@ Invariants, one per part:
   2 / a 4xx in the ``{"error"}`` shape whose message names the file or field; never a traceback, a
   5xx or a change to the index (hashed before and after).
 - **kill**: SIGKILL at a random moment of add, upsert, delete, compact, ``--overwrite``, a fresh
-  build and a sharded upsert/delete (a forked writer: the suite's process has the model loaded),
+  build and a sharded upsert/delete (a writer in a child of a fork server that loaded the model once: `clean_fork`),
   and a full disk (``RLIMIT_FSIZE``) at a random size during add/upsert: the index opens, every file
   passes its checksum, and its content (ids, texts, metadata, generation) and exact top-k equal the
   state before or after; the next writer's recovery leaves nothing the manifest does not name.
 - **reads** (issue 62): a random byte of a served index edited through a shared memory map (no stat change), or
   flipped and restored every ~0.3 ms by a writer racing the reads: every answer is the committed one or a 503
   naming the file, and once put back the same answers come with 200, no restart; a full disk (``RLIMIT_FSIZE``
-  0 in a forked child) during a fresh open, searches, reads, a server's delete and upsert and their lock takes:
+  0 in such a child) during a fresh open, searches, reads, a server's delete and upsert and their lock takes:
   reads answer, writes are 507 naming a file, and the next write (no limit) takes the lock and succeeds.
   Read-only mounts need a mount namespace: ``tests/test_mounts.py`` mounts them (``unshare``).
 - **tamper**: a random byte of a random file of an index (store files, manifest, ``meta.sqlite``,
@@ -396,40 +396,43 @@ def fuzz_cli(part: Part, rng: random.Random, index: Path, model: Path, work: Pat
 
 # -- kill ------------------------------------------------------------------------------------------
 
-def _forked(op: Callable[[], None]) -> int:
-    """Run ``op`` in a forked child (exit 0 when it finished, 3 when it raised); its pid."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 0
-        try:
-            op()
-        except BaseException:  # noqa: BLE001
-            code = 3
-        os._exit(code)
-    return pid
+#: how long an uninterrupted child may run before the suite calls it hung (ops take well under a second)
+CHILD_TIMEOUT = 300.0
 
 
-def _timed(op: Callable[[], None]) -> float:
-    """Seconds ``op`` takes in a forked child, to its exit (what a kill's moment is drawn against)."""
+def _timed(model: Path, target: Callable, *args) -> float:
+    """Seconds ``target(*args)`` takes in a child (:mod:`.clean_fork`), to its exit (what a kill's moment is drawn
+    against)."""
+    from . import clean_fork
+
     started = time.monotonic()
-    _, status = os.waitpid(_forked(op), 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError("an uninterrupted operation failed in its child")
+    code = clean_fork.finish(clean_fork.start(model, target, *args), CHILD_TIMEOUT)
+    if code is None:
+        raise RuntimeError(f"an uninterrupted operation had not ended after {CHILD_TIMEOUT:.0f} s in its child")
+    if code != 0:
+        raise RuntimeError(f"an uninterrupted operation failed in its child (exit {code})")
     return time.monotonic() - started
 
 
-def _killed(op: Callable[[], None], delay: float) -> bool:
-    """Run ``op`` in a child killed with SIGKILL after ``delay`` seconds; whether it had finished."""
-    pid = _forked(op)
-    deadline = time.monotonic() + delay
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status) == 0
-        time.sleep(min(0.002, max(0.0, deadline - time.monotonic())))
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    return False
+def _killed(model: Path, target: Callable, args: tuple, delay: float) -> bool:
+    """Run ``target(*args)`` in a child killed with SIGKILL after ``delay`` seconds; whether it had finished."""
+    from . import clean_fork
+
+    return clean_fork.finish(clean_fork.start(model, target, *args), delay) == 0
+
+
+def _write_child(model: Path, path: Path, op: str, arg) -> None:
+    from .clean_fork import encoder
+
+    _write(path, encoder(model), op, arg)
+
+
+def _build_child(model: Path, passages, path: Path) -> None:
+    from agrame.index import build_index
+
+    from .clean_fork import encoder
+
+    build_index(encoder(model), passages, path, progress=False)
 
 
 def _plan(rng: random.Random, op: str, state: dict, trial: int):
@@ -494,7 +497,7 @@ def _recover(path: Path, encoder) -> None:
         pass
 
 
-def kill_loop(part: Part, rng: random.Random, work: Path, encoder, cases: int) -> None:
+def kill_loop(part: Part, rng: random.Random, work: Path, encoder, model: Path, cases: int) -> None:
     from agrame.index import build_index
     from agrame.index.sharded import build_sharded
 
@@ -509,28 +512,28 @@ def kill_loop(part: Part, rng: random.Random, work: Path, encoder, cases: int) -
         part.case(f"kill:{op}")
         try:
             if op == "fresh":
-                _kill_fresh(part, rng, fresh, encoder, durations)
+                _kill_fresh(part, rng, fresh, encoder, model, durations)
             elif op == "full-disk":
                 _full_disk(part, rng, single, encoder, states)
             else:
-                _kill_change(part, rng, sharded if op.startswith("sharded") else single, encoder, op, trial, states,
-                             durations)
+                _kill_change(part, rng, sharded if op.startswith("sharded") else single, encoder, model, op, trial,
+                             states, durations)
         except Exception as exc:  # noqa: BLE001
             part.fail(f"kill:{op}", f"{type(exc).__name__}: {exc} {traceback.format_exc(limit=-3)[-500:]}")
             return  # the state is unknown from here
 
 
-def _kill_change(part, rng, path, encoder, op, trial, states, durations) -> None:
+def _kill_change(part, rng, path, encoder, model, op, trial, states, durations) -> None:
     before = states[path]
     sharded = op.startswith("sharded")
     arg, content = _plan(rng, op, before, trial)
-    if op not in durations:  # one uninterrupted run, forked as the killed ones are, measures how long it takes
-        durations[op] = _timed(lambda: _write(path, encoder, op, arg))
+    if op not in durations:  # one uninterrupted run, in a child as the killed ones are, measures how long it takes
+        durations[op] = _timed(model, _write_child, model, path, op, arg)
         states[path] = state_of(path, encoder)
         if states[path]["content"] != content:
             part.fail(f"kill:{op}", "an uninterrupted run did not give the planned content")
         return
-    finished = _killed(lambda: _write(path, encoder, op, arg), rng.uniform(0, 1.25 * durations[op]))
+    finished = _killed(model, _write_child, (model, path, op, arg), rng.uniform(0, 1.25 * durations[op]))
     part.accepted += int(finished)  # (for the kill loop: the operation had finished when the kill came)
     if sharded:  # a change across shards is all-or-redone: the next writer finishes it from the journal
         _recover(path, encoder)
@@ -549,17 +552,16 @@ def _kill_change(part, rng, path, encoder, op, trial, states, durations) -> None
     states[path] = found
 
 
-def _kill_fresh(part, rng, path, encoder, durations) -> None:
+def _kill_fresh(part, rng, path, encoder, model, durations) -> None:
     from agrame.index import build_index
     from agrame.index.writer import stale_beside
 
     passages = _passages(rng, "f", 10)
     shutil.rmtree(path, ignore_errors=True)
     if "fresh" not in durations:
-        durations["fresh"] = _timed(lambda: build_index(encoder, passages, path, progress=False))
+        durations["fresh"] = _timed(model, _build_child, model, passages, path)
         shutil.rmtree(path)
-    part.accepted += int(_killed(lambda: build_index(encoder, passages, path, progress=False),
-                                 rng.uniform(0, 1.25 * durations["fresh"])))
+    part.accepted += int(_killed(model, _build_child, (model, passages, path), rng.uniform(0, 1.25 * durations["fresh"])))
     part.outcome("after" if path.exists() else "before")
     if path.exists():
         found = state_of(path, encoder)
@@ -785,10 +787,8 @@ def _toggled(client, file: Path, at: int, mask: int, ids: List[str], truth: list
     return wrong
 
 
-def _full_disk_reads(part: Part, folder: Path, encoder, model: Path, ids: List[str]) -> None:
-    """In a forked child whose files may not grow (``RLIMIT_FSIZE`` at 0 bytes, SIGXFSZ ignored): a fresh open,
-    search and read work; a server's delete and upsert are 507 naming a file; afterwards (no limit) the lock is
-    free and a write succeeds."""
+def _full_disk_child(model: Path, folder: Path, ids: List[str]) -> None:
+    """:func:`_full_disk_reads`' child (its exit code says what failed)."""
     import resource
 
     from fastapi.testclient import TestClient
@@ -796,33 +796,40 @@ def _full_disk_reads(part: Part, folder: Path, encoder, model: Path, ids: List[s
     from agrame.index import Index
     from agrame_app.serve import create_app
 
+    from .clean_fork import encoder
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+    index = Index(folder, model=encoder(model))
+    if not index.search("coral reef", "passage", top_k=3) or index.get(ids[0]) is None:
+        os._exit(13)
+    client = TestClient(create_app(folder, model=str(model), allow_writes=True, api_key="k"),
+                        raise_server_exceptions=False)
+    head = {"X-API-Key": "k"}
+    if client.post("/search", json={"query": "coral reef"}).status_code != 200:
+        os._exit(14)
+    deleted = client.request("DELETE", "/passages", json={"ids": [ids[0]]}, headers=head)
+    upserted = client.post("/passages", json={"passages": [{"id": "new", "text": "A new reef passage."}]},
+                           headers=head)
+    for answer in (deleted, upserted):
+        if answer.status_code != 507 or "no space left" not in answer.json().get("error", ""):
+            os._exit(15)
+    os._exit(0)
+
+
+def _full_disk_reads(part: Part, folder: Path, encoder, model: Path, ids: List[str]) -> None:
+    """In a child (:mod:`.clean_fork`) whose files may not grow (``RLIMIT_FSIZE`` at 0 bytes, SIGXFSZ ignored): a fresh open,
+    search and read work; a server's delete and upsert are 507 naming a file; afterwards (no limit) the lock is
+    free and a write succeeds."""
+    from . import clean_fork
+
     for name in ("meta.sqlite-shm", "meta.sqlite-wal"):
         for leftover in folder.rglob(name):
             leftover.unlink()
-
-    def child() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
-        index = Index(folder, model=encoder)
-        if not index.search("coral reef", "passage", top_k=3) or index.get(ids[0]) is None:
-            os._exit(13)
-        client = TestClient(create_app(folder, model=str(model), allow_writes=True, api_key="k"),
-                            raise_server_exceptions=False)
-        head = {"X-API-Key": "k"}
-        if client.post("/search", json={"query": "coral reef"}).status_code != 200:
-            os._exit(14)
-        deleted = client.request("DELETE", "/passages", json={"ids": [ids[0]]}, headers=head)
-        upserted = client.post("/passages", json={"passages": [{"id": "new", "text": "A new reef passage."}]},
-                               headers=head)
-        for answer in (deleted, upserted):
-            if answer.status_code != 507 or "no space left" not in answer.json().get("error", ""):
-                os._exit(15)
-        os._exit(0)
-
-    _, status = os.waitpid(_forked(child), 0)
-    code = os.waitstatus_to_exitcode(status)
+    code = clean_fork.finish(clean_fork.start(model, _full_disk_child, model, folder, ids), CHILD_TIMEOUT)
     if code != 0:
-        part.fail("reads:full-disk", {3: "an exception", 13: "a read failed", 14: "an HTTP search failed",
+        part.fail("reads:full-disk", {None: f"the child had not ended after {CHILD_TIMEOUT:.0f} s",
+                                      1: "an exception", 13: "a read failed", 14: "an HTTP search failed",
                                       15: "a write was not a 507 naming its file"}.get(code, f"exit {code}"))
         return
     try:
@@ -880,7 +887,7 @@ def run_suite(work: Path, seed: int, counts: Dict[str, int], only: Optional[List
         started, part, rng = time.monotonic(), Part("kill", seed), random.Random(seed + 1)
         for name in ("kill-ix", "kill-sh", "kill-fresh"):
             shutil.rmtree(work / name, ignore_errors=True)
-        kill_loop(part, rng, work, encoder, counts["kill"])
+        kill_loop(part, rng, work, encoder, model, counts["kill"])
         out["kill"] = part.result(time.monotonic() - started)
         log(f"kill: {part.cases} cases, {len(part.failures)} failures ({out['kill']['seconds']} s)")
     if "tamper" in parts:

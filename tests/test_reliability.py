@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -319,10 +321,11 @@ def test_help_offers_only_supported_ray_addresses_and_ray_client_is_refused(caps
 
 # -- found by the standing suite ------------------------------------------------------------------
 
-def test_a_killed_fresh_build_leaves_nothing_after_the_next_build_of_that_path(tmp_path, tiny_encoder):
+def test_a_killed_fresh_build_leaves_nothing_after_the_next_build_of_that_path(tmp_path, tiny_encoder,
+                                                                               tiny_model_dir):
     """A fresh build killed before or after its first write left its temporary folder beside the path
     for ever: the next build of the same path checked it with the build lock it held itself."""
-    from reliability.standing import _killed
+    from reliability.standing import _build_child, _killed, _timed
 
     from agrame.index.writer import BUILD_MARKER
 
@@ -335,12 +338,15 @@ def test_a_killed_fresh_build_leaves_nothing_after_the_next_build_of_that_path(t
             (left / name).write_bytes(b"\0" * 8)
         build_index(tiny_encoder, passages, path, progress=False, overwrite=path.exists())
         assert not left.exists(), contents
-    # and killed for real, at a moment inside the build
-    for delay in (0.0, 0.005, 0.02, 0.05):
-        import shutil
+    # and killed for real, at moments inside the build (as long as one in a child takes, start to end)
+    import shutil
 
+    shutil.rmtree(path)
+    took = _timed(tiny_model_dir, _build_child, tiny_model_dir, passages, path)
+    assert sorted(Index(path, model=tiny_encoder).ids()) == sorted(p.id for p in passages)
+    for delay in (0.0, 0.2 * took, 0.4 * took, 0.6 * took, 0.8 * took):
         shutil.rmtree(path)
-        _killed(lambda: build_index(tiny_encoder, passages, path, progress=False), delay)
+        _killed(tiny_model_dir, _build_child, (tiny_model_dir, passages, path), delay)
         shutil.rmtree(path, ignore_errors=True)
         build_index(tiny_encoder, passages, path, progress=False)
         assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".ix.")) == [], delay
@@ -348,6 +354,49 @@ def test_a_killed_fresh_build_leaves_nothing_after_the_next_build_of_that_path(t
     users.mkdir()
     build_index(tiny_encoder, passages, path, progress=False, overwrite=True)
     assert users.exists()
+
+
+_HELD = threading.Lock()
+
+
+def _exit_whether_the_lock_is_free() -> None:
+    os._exit(0 if _HELD.acquire(timeout=2) else 1)
+
+
+def _sleep_long() -> None:
+    time.sleep(120)
+
+
+def test_the_suites_children_start_clean_of_the_suites_threads(tiny_model_dir):
+    """The standing suite's forked writer once spun for 8+ minutes in a fork of the suite's threaded process
+    (seed 953648 in CI); its children now come from a fork server (reliability.clean_fork). What a thread of this
+    process holds at the moment — here a lock — is not held in them, as it is in an os.fork() child; and a
+    child that does not end is killed at its deadline, not waited on for ever."""
+    from reliability import clean_fork
+
+    inside, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with _HELD:
+            inside.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    inside.wait()
+    try:
+        assert clean_fork.finish(clean_fork.start(tiny_model_dir, _exit_whether_the_lock_is_free), 60) == 0
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            _exit_whether_the_lock_is_free()
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 1  # what the suite's os.fork() children got
+    finally:
+        release.set()
+        holder.join()
+    started = time.monotonic()
+    child = clean_fork.start(tiny_model_dir, _sleep_long)
+    assert clean_fork.finish(child, 0.5) is None and not child.is_alive()
+    assert time.monotonic() - started < 30
 
 
 def test_an_edited_shards_file_under_a_running_server_is_a_503_naming_it(tmp_path, tiny_encoder, tiny_model_dir):
