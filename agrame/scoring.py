@@ -227,16 +227,23 @@ def lookup_maxsim(table: torch.Tensor, codes: np.ndarray, lo: np.ndarray, hi: np
 _scratch = threading.local()  # per thread: probed_maxsim's passage → slot map (−1 between calls)
 
 
+def probed_rows(table: torch.Tensor, probe: np.ndarray) -> np.ndarray:
+    """``table``'s columns ``probe`` as contiguous rows (``[len(probe), Lq]``), what the compiled
+    :func:`probed_maxsim` reads: the same for every index that shares the table and the probe (S shards)."""
+    probe = np.asarray(probe, dtype=np.int64)
+    return np.ascontiguousarray(table.detach().cpu().float().T[torch.from_numpy(probe)].numpy())
+
+
 def probed_maxsim(table: torch.Tensor, probe: np.ndarray, offsets: np.ndarray, pids: np.ndarray,
                   num_passages: int, keep: Optional[np.ndarray] = None, *,
-                  compiled: bool | None = None) -> Tuple[np.ndarray, torch.Tensor]:
+                  compiled: bool | None = None, rows: Optional[np.ndarray] = None) -> Tuple[np.ndarray, torch.Tensor]:
     """The passages of inverted lists ``probe`` (``pids[offsets[c]:offsets[c + 1]]``, those with ``keep[p]``
     if given), each once, and their :func:`segment_maxsim` over the probed centroids alone: ``table``
     ``[Lq, K]`` the query's centroid similarities, passage ``p`` scored Σ_i max over the probed ``c`` whose
     list holds it of ``table[i, c]`` (PLAID's stage 2). ``compiled`` (default: when numba is there): one
     pass over the lists (a top 100's 27k pairs on nq-oracle), instead of sorting them (``np.unique``) and
     gathering an ``[Lq, pairs]`` matrix; the passages then come in the order first met, not sorted. Else
-    that array path, the reference."""
+    that array path, the reference. ``rows``: :func:`probed_rows` of ``table`` and ``probe``, when already made."""
     from . import kernels
 
     probe = np.asarray(probe, dtype=np.int64)
@@ -249,7 +256,8 @@ def probed_maxsim(table: torch.Tensor, probe: np.ndarray, offsets: np.ndarray, p
         total = int((offsets[probe + 1] - offsets[probe]).sum())
         out_pids = np.empty(total, dtype=np.int64)
         out_scores = np.empty(total, dtype=np.float32)
-        rows = np.ascontiguousarray(table.detach().cpu().float().T[torch.from_numpy(probe)].numpy())
+        if rows is None:
+            rows = probed_rows(table, probe)
         n = kernels.probed_maxsim(rows, probe, offsets, pids,
                                   np.zeros(0, dtype=np.bool_) if keep is None else np.asarray(keep, dtype=np.bool_),
                                   slots, out_pids, out_scores)

@@ -353,5 +353,9 @@ def test_probed_maxsim_equals_the_naive_loop(compiled, filtered, layout):
         for p, score in zip(got_pids.tolist(), got.tolist()):
             expect = sum(max(float(table[i, c]) for c in want[p]) for i in range(5))
             assert math.isclose(score, expect, abs_tol=1e-5)
+        # the probed rows made once (S shards share them) give the same
+        again_pids, again = scoring.probed_maxsim(table, probe, offsets, pids, N, keep, compiled=compiled,
+                                                  rows=scoring.probed_rows(table, probe))
+        assert again_pids.tolist() == got_pids.tolist() and torch.equal(again, got)
     if compiled:  # the scratch map is left clean for the next call (another index, another size)
         assert (scoring._scratch.slots == -1).all()

@@ -148,8 +148,8 @@ class Index(BaseIndex):
         return {**record, "metadata": self.store.metadata(position)}
 
     def with_metadata(self, hits: List) -> List:
-        """:meth:`BaseIndex.with_metadata` with every hit's metadata read in one lookup (two SQLite queries for
-        a top 100 instead of a record and two queries a hit)."""
+        """:meth:`BaseIndex.with_metadata` with every hit's metadata read in one lookup (one SQLite query for
+        a top 100, :meth:`Store.metadata_by_id`, instead of a record and two queries a hit)."""
         if self.store is None:
             return super().with_metadata(hits)
         wanted = {h.passage_id for h in hits if getattr(h, "metadata", {}) is None}
@@ -390,7 +390,7 @@ class Index(BaseIndex):
                      lambda _, positions: self.code_scores(cs, positions))[0]
 
     def probed(self, cs: torch.Tensor, nprobe: int, ncandidates: int, allowed: Optional[np.ndarray] = None,
-               probes: Optional[Dict[int, np.ndarray]] = None) -> Tuple[np.ndarray, Optional[torch.Tensor]]:
+               probes: Optional[Dict[int, Tuple[np.ndarray, np.ndarray]]] = None) -> Tuple[np.ndarray, Optional[torch.Tensor]]:
         """Stages 1–2a for centroid scores ``cs`` ([Lq, K], :func:`agrame.scoring.centroid_scores`): the
         passages of the ``nprobe`` best centroids' lists, with their scores over those centroids alone.
 
@@ -399,8 +399,9 @@ class Index(BaseIndex):
         scores (None: all of it goes on to stage 2b). Otherwise ``nprobe`` grows with the share it excludes
         (next-plaid's N/|subset|) and doubles until the lists give ``ncandidates`` allowed passages or
         every centroid is probed, so a filtered search never runs short of candidates that exist.
-        ``probes``: the centroids probed at each ``nprobe`` for these scores, filled and read here (a
-        sharded index's shards share it: one top-``nprobe`` instead of one a shard)."""
+        ``probes``: the centroids probed at each ``nprobe`` for these scores and their rows of ``cs``
+        (:func:`~agrame.scoring.probed_rows`), filled and read here (a sharded index's shards share it: one
+        top-``nprobe`` and one gather instead of one a shard)."""
         store = self.store
         if allowed is not None:
             count = int(allowed.sum())
@@ -408,12 +409,14 @@ class Index(BaseIndex):
                 return np.flatnonzero(allowed), None
             nprobe = int(min(cs.shape[1], np.ceil(nprobe * store.num_live / max(1, count))))
         while True:
-            probe = None if probes is None else probes.get(nprobe)
-            if probe is None:
+            probed = None if probes is None else probes.get(nprobe)
+            if probed is None:
                 probe = torch.topk(cs, min(nprobe, cs.shape[1]), dim=1).indices.unique().numpy()
+                probed = (probe, scoring.probed_rows(cs, probe))
                 if probes is not None:
-                    probes[nprobe] = probe
-            unique, approx = scoring.probed_maxsim(cs, probe, store.ivf.offsets, store.ivf.pids, len(store), allowed)
+                    probes[nprobe] = probed
+            unique, approx = scoring.probed_maxsim(cs, probed[0], store.ivf.offsets, store.ivf.pids, len(store),
+                                                   allowed, rows=probed[1])
             if allowed is None or len(unique) >= ncandidates or nprobe >= cs.shape[1]:
                 return unique, approx
             nprobe = min(cs.shape[1], 2 * nprobe)

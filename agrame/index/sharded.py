@@ -27,7 +27,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -429,7 +429,7 @@ class ShardedIndex(ShardedWrites, BaseIndex):
         first = self.shards[0]
         nprobe, ncandidates = first.budgets(granularity, top_k, nprobe, ncandidates, per_hit)
         alpha = first.alpha(alpha)
-        probes: Dict[int, np.ndarray] = {}
+        probes: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
 
         def probed(i):
             shard = self.shards[i]

@@ -52,7 +52,7 @@ from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequenc
 import numpy as np
 
 from .. import __version__
-from ..corpus import EncodedCorpus, Passage, joined_sequences
+from ..corpus import EncodedCorpus, Passage
 from ..encoder import EncodedPassage, Encoder
 from ..pooling import check_pool_factor, decode_assignment, pool_passage, pooled_offsets
 from ..spans import normalize_span, sorted_token_segments, split_sentences
@@ -601,11 +601,10 @@ def gather(parts: Sequence[Tuple["Store", Sequence[int]]], with_sentences: bool 
     token_passage = torch.from_numpy(np.repeat(np.arange(n), doclens_np))
     passage_starts = torch.cat([torch.zeros(1, dtype=torch.long), doclens.cumsum(0)])
 
-    lazy_records = [_LazyRecords(store, pids) for store, pids in parts]  # one read per hit, for all fields
+    lazy_records = _LazyRecords(parts)  # one read per hit, for all fields
 
     def lazy_view(field: str):
-        views = [records.view(field) for records in lazy_records]
-        return views[0] if len(views) == 1 else joined_sequences(views)
+        return lazy_records.view(field)
 
     if not with_sentences:
         return EncodedCorpus(
@@ -656,18 +655,24 @@ def _joined_rows(arrays: List[np.ndarray]) -> np.ndarray:
 
 
 class _LazyRecords:
-    """Passage records of ``pids`` read on first access (one field per :meth:`view`)."""
+    """Passage records of the ``pids`` of each ``(store, pids)`` part, in that order, read on first access (one
+    field per :meth:`view`). Item k's store and position are looked up in two arrays, not by searching the
+    parts: a top 100 reads 200 items (ids, texts) — over 8 shards' parts, a view chained per part cost 1 ms."""
 
-    def __init__(self, store: "Store", pids: np.ndarray):
-        self._store, self._pids, self._cache = store, pids, {}
+    def __init__(self, parts: Sequence[Tuple["Store", np.ndarray]]):
+        self._stores = [store for store, _ in parts]
+        self._which = np.repeat(np.arange(len(parts)), [len(pids) for _, pids in parts]).tolist()
+        self._pids = (np.concatenate([pids for _, pids in parts]) if parts else np.zeros(0, dtype=np.int64)).tolist()
+        self._cache: Dict[int, dict] = {}
 
     def __len__(self) -> int:
         return len(self._pids)
 
     def get(self, k: int) -> dict:
-        if k not in self._cache:
-            self._cache[k] = self._store.record(int(self._pids[k]))
-        return self._cache[k]
+        found = self._cache.get(k)
+        if found is None:
+            found = self._cache[k] = self._stores[self._which[k]].record(self._pids[k])
+        return found
 
     def view(self, field: str) -> "_FieldView":
         return _FieldView(self, field)
