@@ -32,19 +32,19 @@ _context = None
 
 def _load(model: str):
     global _encoder, _encoder_from
+    import faiss  # noqa: F401 - the codec's
     import torch
 
     from agrame.loading import load_encoder
-
     from agrame.spans import split_sentences
 
     torch.set_num_threads(1)  # a child is one of several processes on the machine's cores
     _encoder, _encoder_from = load_encoder(model), model
     # What each child would otherwise do first, once here (of a first add's 0.55 s: nltk's import 0.41, the
     # model's fingerprint 0.09, faiss's import 0.05); on one thread, these start no thread
-    _encoder.encode_passages([split_sentences("A first passage. Its second sentence.") and "A first passage."])
+    split_sentences("A first passage. Its second sentence.")
+    _encoder.encode_passages(["A first passage."])
     _encoder.fingerprint()
-    import faiss  # noqa: F401 - the codec's
     return _encoder
 
 

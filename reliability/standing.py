@@ -748,7 +748,7 @@ def reads_loop(part: Part, rng: random.Random, work: Path, encoder, model: Path,
         shutil.rmtree(folder, ignore_errors=True)
         shutil.copytree(pristine, folder)
         if kind == "full-disk":
-            _full_disk_reads(part, folder, encoder, model, ids)
+            _full_disk_reads(part, folder, model, ids)
             continue
         client = TestClient(create_app(folder, model=str(model)), raise_server_exceptions=False)
         if truth is None:
@@ -817,7 +817,7 @@ def _full_disk_child(model: Path, folder: Path, ids: List[str]) -> None:
     os._exit(0)
 
 
-def _full_disk_reads(part: Part, folder: Path, encoder, model: Path, ids: List[str]) -> None:
+def _full_disk_reads(part: Part, folder: Path, model: Path, ids: List[str]) -> None:
     """In a child (:mod:`.clean_fork`) whose files may not grow (``RLIMIT_FSIZE`` at 0 bytes, SIGXFSZ ignored): a fresh open,
     search and read work; a server's delete and upsert are 507 naming a file; afterwards (no limit) the lock is
     free and a write succeeds."""

@@ -32,7 +32,7 @@ import sqlite3
 import threading
 import zlib
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -329,6 +329,13 @@ def _row_crc(row: tuple) -> int:
     return zlib.crc32(repr(row).encode())
 
 
+def _check_row(row: tuple, crcs: Optional[np.ndarray]) -> None:
+    """RowDamaged unless a passage row ``(pos, id, meta)`` matches the CRC recorded for its position (rows past
+    the recorded ones, or an unverified file's, pass)."""
+    if crcs is not None and row[0] < len(crcs) and _row_crc(row) != int(crcs[row[0]]):
+        raise RowDamaged(f"the row of position {row[0]} was changed")
+
+
 def _crc_sum(rows: Iterable[tuple]) -> int:
     return sum(map(zlib.crc32, map(str.encode, map(repr, rows)))) & _MASK
 
@@ -620,8 +627,7 @@ class MetadataDB:
         if len(crcs) >= num_positions and len(rows) != num_positions:
             raise RowDamaged(f"{len(rows)} passage rows for {num_positions} passages")
         for row in rows:
-            if row[0] < len(crcs) and _row_crc(row) != int(crcs[row[0]]):
-                raise RowDamaged(f"the row of position {row[0]} was changed")
+            _check_row(row, crcs)
         columns = FieldColumns(((row[0], json.loads(row[2])) for row in rows if row[2]), num_positions)
         self._columns = (crcs, columns)  # (one assignment: a server's threads see the old pair or the new)
         return columns
@@ -652,34 +658,30 @@ class MetadataDB:
             part = positions[lo:lo + 500]
             for row in self._query(f"SELECT pos, id, meta FROM passages WHERE pos IN ({', '.join('?' * len(part))})",
                                    part):
-                if crcs is not None and row[0] < len(crcs) and _row_crc(row) != int(crcs[row[0]]):
-                    raise RowDamaged(f"the row of position {row[0]} was changed")
+                _check_row(row, crcs)
                 out[row[0]] = (row[1], json.loads(row[2]) if row[2] else {})
         missing = [p for p in positions if p not in out and crcs is not None and p < len(crcs)]
         if missing:
             raise RowDamaged(f"the row of position {missing[0]} is missing")
         return out
 
-    def checked_rows_of_ids(self, ids: Sequence[str], num_positions: int,
-                            live: Callable[[int], bool]) -> Dict[str, Tuple[int, Dict[str, Any]]]:
-        """``{id: (pos, metadata)}`` of the newest ``live`` position (below ``num_positions``) of each of ``ids``
-        that has one, in one query (a search's hits: :meth:`positions_of` then :meth:`checked_rows` in one), its
-        row checked as :meth:`metadata` checks it."""
+    def checked_metadata_of_ids(self, ids: Sequence[str], num_positions: int,
+                                alive: Optional[np.ndarray]) -> Dict[str, Dict[str, Any]]:
+        """``{id: metadata}`` of the newest live position (below ``num_positions``; ``alive``: None when all are) of
+        each of ``ids`` that has one, in one query (a search's hits: :meth:`positions_of` then
+        :meth:`checked_rows` in one), its row checked as :meth:`metadata` checks it."""
         crcs = self.row_crcs
         newest: Dict[str, tuple] = {}
         ids = list(ids)
         for lo in range(0, len(ids), 500):
             part = ids[lo:lo + 500]
             for row in self._query(f"SELECT pos, id, meta FROM passages WHERE pos < ? AND id IN "
-                                   f"({', '.join('?' * len(part))})", [num_positions, *part]):
-                if live(row[0]) and (row[1] not in newest or row[0] > newest[row[1]][0]):
-                    newest[row[1]] = row  # an upsert's newest copy is the live one
-        out: Dict[str, Tuple[int, Dict[str, Any]]] = {}
-        for pid, row in newest.items():
-            if crcs is not None and row[0] < len(crcs) and _row_crc(row) != int(crcs[row[0]]):
-                raise RowDamaged(f"the row of position {row[0]} was changed")
-            out[pid] = (row[0], json.loads(row[2]) if row[2] else {})
-        return out
+                                   f"({', '.join('?' * len(part))}) ORDER BY pos", [num_positions, *part]):
+                if alive is None or alive[row[0]]:
+                    newest[row[1]] = row  # in position order: an upsert's newest copy is the live one
+        for row in newest.values():
+            _check_row(row, crcs)
+        return {pid: json.loads(row[2]) if row[2] else {} for pid, row in newest.items()}
 
     def rows(self, positions: Sequence[int]) -> List[Tuple[int, str, Optional[dict]]]:
         """``(pos, id, metadata)`` of the given positions, in that order."""

@@ -993,13 +993,10 @@ class Store:
 
         if self.meta is None:
             return {pid: {} for pid in self.position_of(ids)}
-        alive = self.alive
         try:
-            rows = self.meta.checked_rows_of_ids(ids, len(self), (lambda pos: True) if alive is None else
-                                                 (lambda pos: bool(alive[pos])))
+            return self.meta.checked_metadata_of_ids(ids, len(self), self.alive)
         except RowDamaged as exc:
             self._damage(self.manifest["metadata"], f"does not match its digest ({exc})")
-        return {pid: meta for pid, (_, meta) in rows.items()}
 
     def allowed(self, spec) -> Optional[np.ndarray]:
         """Boolean mask of the live positions a filter admits (None: every position, nothing deleted).
