@@ -26,17 +26,21 @@ AVAILABLE = numba is not None
 
 def _rebuild(centroids, codes, groups, table, lo, hi, out):
     """Rows ``lo:hi`` of the tokens, decompressed and normalised into ``out[:hi - lo]``:
-    ``centroids[codes[t]]`` plus, for each group ``g``, the ``table`` row ``groups[t, g]`` in dimensions
-    ``g·w … g·w + w`` (``w`` the table's width), divided by its norm (at least 1e-12)."""
+    ``centroids[codes[t]]`` plus, for each group ``g``, the ``table`` row ``groups[t, g]`` added in dimensions
+    ``g·w … g·w + w`` (``w`` the table's width; rows as wide as a token, an additive code's, are each added
+    over all of it, in group order), divided by its norm (at least 1e-12)."""
     d = centroids.shape[1]
     width = table.shape[1]
     for t in range(lo, hi):
         c = centroids[codes[t]]
         o = out[t - lo]
+        for j in range(d):
+            o[j] = c[j]
         for g in range(groups.shape[1]):
             row = table[groups[t, g]]
+            base = (g * width) % d
             for j in range(width):
-                o[g * width + j] = c[g * width + j] + row[j]
+                o[base + j] += row[j]
         n2 = np.float32(0.0)
         for j in range(d):
             n2 += o[j] * o[j]

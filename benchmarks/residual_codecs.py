@@ -10,9 +10,11 @@ encodings minus their centroids), and the exact stage scores the reconstructions
 ones. The 2-bit row run this way equals the index's own decompression bit for bit (checked on every
 run), so the other rows differ from it by their codec only.
 
-Codecs: the index's scalar codec at 1 and 2 bits (one set of bucket quantiles for every dimension) and
+Codecs: the index's scalar codec at 1 and 2 bits (one set of bucket quantiles for every dimension),
 faiss product quantizers of the residuals (``m`` sub-vectors of ``128/m`` dimensions, ``2^b`` codewords
-each, trained on a residual sample), ``m·b/8`` bytes a token. Bytes per token: the 2-bit index's files
+each, trained on a residual sample), ``m·b/8`` bytes a token, and the index's additive codec
+(:class:`agrame.index.codec.AdditiveCodec`: ``m`` codebooks of whole 128-d codewords, faiss's residual
+quantizer trained as a build trains it, tokens coded by its beam search), ``m·b/8`` bytes too. Bytes per token: the 2-bit index's files
 without its residuals (centroid ids, centroids, inverted file, sentence tables), plus each codec's codes
 and codebooks. Questions: SQuAD *train* (issue 53's sample), never a reported split.
 """
@@ -32,6 +34,7 @@ import torch
 from tqdm import tqdm
 
 from agrame.index import Index
+from agrame.index.codec import pack_codes
 from agrame.index.format import SearchSettings
 
 #: Written on 2026-11-28, before any row below was measured (issue 64, item 2). Among the formats at
@@ -49,7 +52,7 @@ MAX_LOSS = 0.5
 @dataclass(frozen=True)
 class Codec:
     name: str
-    kind: str  # "scalar", "pq" or "opq" (pq after a learned rotation, faiss's OPQMatrix)
+    kind: str  # "scalar", "pq", "opq" (pq after a learned rotation, faiss's OPQMatrix) or "rq" (additive)
     nbits: int  # scalar: bits a dimension; pq: bits a sub-vector code
     m: int = 0  # pq: sub-vectors
 
@@ -63,7 +66,12 @@ CODECS = (Codec("scalar 2-bit (today)", "scalar", 2), Codec("scalar 1-bit", "sca
           Codec("PQ 8 × 8 bits", "pq", 8, 8), Codec("PQ 16 × 4 bits", "pq", 4, 16),
           # added 2026-11-29, under the same rule, before their rows were measured
           Codec("PQ 16 × 7 bits", "pq", 7, 16), Codec("OPQ 16 × 6 bits", "opq", 6, 16),
-          Codec("OPQ 16 × 7 bits", "opq", 7, 16), Codec("OPQ 16 × 8 bits", "opq", 8, 16))
+          Codec("OPQ 16 × 7 bits", "opq", 7, 16), Codec("OPQ 16 × 8 bits", "opq", 8, 16),
+          # added 2026-12-01, under the same rule, before their rows were measured: residual quantization
+          # (agrame.index.codec.AdditiveCodec, the codec a build trains and codes with)
+          Codec("RQ 12 × 8 bits", "rq", 8, 12), Codec("RQ 13 × 8 bits", "rq", 8, 13),
+          Codec("RQ 14 × 8 bits", "rq", 8, 14), Codec("RQ 16 × 7 bits", "rq", 7, 16),
+          Codec("RQ 15 × 8 bits", "rq", 8, 15))
 CHUNK = 1 << 18
 
 
@@ -107,6 +115,11 @@ def reconstruct(spec: Codec, index_codec, original, codes: np.ndarray, sample: n
         buckets = 1 << spec.nbits
         cutoffs = np.quantile(sample.ravel(), np.arange(1, buckets) / buckets).astype(np.float32)
         weights = np.quantile(sample.ravel(), (np.arange(buckets) + 0.5) / buckets).astype(np.float32)
+    elif spec.kind == "rq":
+        from agrame.index.codec import AdditiveCodec
+
+        rq = AdditiveCodec(index_codec.centroids, AdditiveCodec.train_codebooks(sample, spec.m, spec.nbits, seed=0),
+                           spec.nbits)
     else:
         rotation = None
         if spec.kind == "opq":
@@ -122,14 +135,18 @@ def reconstruct(spec: Codec, index_codec, original, codes: np.ndarray, sample: n
         residual = np.asarray(original[lo:hi], dtype=np.float32) - base
         if spec.kind == "scalar":
             coded = weights[np.searchsorted(cutoffs, residual, side="right")]
+        elif spec.kind == "rq":  # the codec's own coding and decoding (its sum, in codebook order)
+            packed = pack_codes(rq.quantize(residual), spec.nbits)
+            table[lo:hi] = rq.decompress(codes[lo:hi], packed, normalize=False).numpy()
+            continue
         elif rotation is None:
             coded = pq.decode(pq.compute_codes(np.ascontiguousarray(residual)))
         else:
             coded = rotation.reverse_transform(pq.decode(pq.compute_codes(rotation.apply_py(np.ascontiguousarray(residual)))))
         table[lo:hi] = base
         table[lo:hi] += coded  # (the codec's own order of operations: centroid, then += residual)
-    book = 4 * (len(weights) + len(cutoffs)) if spec.kind == "scalar" else \
-        4 * pq.M * pq.ksub * pq.dsub + (4 * dim * dim if spec.kind == "opq" else 0)
+    book = 4 * (len(weights) + len(cutoffs)) if spec.kind == "scalar" else 4 * rq.codebooks.size if spec.kind == "rq" \
+        else 4 * pq.M * pq.ksub * pq.dsub + (4 * dim * dim if spec.kind == "opq" else 0)
     return table, book
 
 

@@ -39,7 +39,8 @@ def build_index(encoder: Encoder, passages: Sequence[PassageLike], path: str | P
     name renamed into place, or (``overwrite``) an existing index replaced as a new generation.
 
     ``format=2`` compresses: ``nbits`` bits a dimension of each token's residual (1, 2, 4, 8) or a product
-    quantizer of it, ``"pqMxB"`` (``M`` sub-vectors of ``B`` bits, e.g. ``"pq16x6"``: 12 bytes a 128-d token);
+    quantizer of it, ``"pqMxB"`` (``M`` sub-vectors of ``B`` bits, e.g. ``"pq16x6"``: 12 bytes a 128-d token),
+    or a residual (additive) quantizer, ``"rqMxB"`` (``M`` codebooks of whole codewords, e.g. ``"rq14x8"``);
     None: the model's own (its settings' ``residuals``), else 2 bits. ``format=1`` writes float16 vectors.
     ``pool_factor`` (format 2): keep about one vector per ``pool_factor`` tokens, pooled within each
     sentence (:mod:`agrame.pooling`); 1 keeps one per token; None: the model's own (its settings'

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..corpus import Passage
 from .codec import ResidualCodec, codec_from_state
-from .format import IndexFolderError, model_block
+from .format import CODEC_FIELDS, IndexFolderError, model_block
 from .lock import build_lock
 from .base import BaseIndex, PassageCount
 from .sharded import (SearchResults, ShardedWrites, ShardUnavailableError, commit_new, merge_hits, route, shard_of,
@@ -657,7 +657,7 @@ class RayShardedIndex(ShardedWrites, BaseIndex):
                "has_spans": any(m.get("has_spans") for m in ms),
                "num_passages": sum(int(m["num_passages"]) for m in ms),
                "num_deleted": sum(int(m.get("num_deleted", 0)) for m in ms), "nbits": ms[0].get("nbits"),
-               **{k: ms[0][k] for k in ("pq_subvectors", "pq_rotation") if k in ms[0]},
+               **{k: ms[0][k] for k in CODEC_FIELDS if k in ms[0]},
                "num_tokens": sum(int(m.get("num_tokens", 0)) for m in ms),
                "num_sentences": sum(int(m.get("num_sentences", 0)) for m in ms)}
         if missing:  # counts of the shards that answered only

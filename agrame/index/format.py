@@ -141,7 +141,9 @@ MANIFEST_FIELDS = {"format", "generation", "agrame_version", "created", "updated
                    "num_centroids", "code_dtype", "codec", "num_passages", "num_tokens", "num_sentences", "has_spans",
                    "token_offsets", "files", "search", "ivf_generation", "tombstones", "num_deleted", "metadata",
                    "store", "checksum", "vectors_dtype", "metadata_digest", "pool_factor", "num_original_tokens",
-                   "pq_subvectors", "ivf_pids", "pq_rotation"}
+                   "pq_subvectors", "ivf_pids", "pq_rotation", "rq_codebooks"}
+#: The manifest fields beside ``nbits`` that name a residual codec (a sharded index's summary repeats them).
+CODEC_FIELDS = ("pq_subvectors", "pq_rotation", "rq_codebooks")
 
 
 CODE_SIZES = {"<u2": 2, "<i4": 4}  # bytes of a centroid code by its dtype
@@ -156,6 +158,8 @@ def residuals_of(manifest: dict) -> Optional[str]:
         return None
     if "pq_subvectors" in manifest:
         return f"{'opq' if manifest.get('pq_rotation') else 'pq'}{manifest['pq_subvectors']}x{manifest['nbits']}"
+    if "rq_codebooks" in manifest:
+        return f"rq{manifest['rq_codebooks']}x{manifest['nbits']}"
     return f"{manifest['nbits']}bit"
 
 
@@ -196,7 +200,14 @@ def _check_v2_fields(m: dict, bad) -> None:
         bad("ivf_pids", f"must be one of {', '.join(IVF_PIDS)}")
     if m.get("pq_rotation", True) is not True or ("pq_rotation" in m and "pq_subvectors" not in m):
         bad("pq_rotation", "must be true, and only beside 'pq_subvectors'")
-    if "pq_subvectors" in m:
+    if "pq_subvectors" in m and "rq_codebooks" in m:
+        bad("rq_codebooks", "cannot stand beside 'pq_subvectors' (one residual codec)")
+    if "rq_codebooks" in m:
+        if m.get("nbits") not in (4, 6, 7, 8):
+            bad("nbits", "must be 4, 6, 7 or 8 (bits a residual-quantizer code)")
+        if not _is_int(m["rq_codebooks"], 1, 1 << 16) or m["rq_codebooks"] % (8 // math.gcd(m["nbits"], 8)):
+            bad("rq_codebooks", "must be a positive integer whose codes fill whole bytes")
+    elif "pq_subvectors" in m:
         if m.get("nbits") not in (4, 6, 7, 8):
             bad("nbits", "must be 4, 6, 7 or 8 (bits a product-quantizer code)")
         sub = m["pq_subvectors"]
@@ -240,12 +251,14 @@ def _check_v2_files(m: dict, bad) -> None:
             bad("files", f"entry {json.dumps(name)[:60]} must name a file in the folder with a size and a crc32")
     N, T, S, K, d = m["num_passages"], m["num_tokens"], m["num_sentences"], m["num_centroids"], m["dim"]
     g = m.get("ivf_generation", m["generation"])
-    pq = "pq_subvectors" in m
-    per_token = (m["pq_subvectors"] if pq else d) * m["nbits"]
+    pq, rq = "pq_subvectors" in m, "rq_codebooks" in m
+    per_token = (m["pq_subvectors"] if pq else m["rq_codebooks"] if rq else d) * m["nbits"]
     if per_token % 8:
         bad("dim", f"× nbits must be a whole number of bytes ({d} × {m['nbits']})")
     expected = {"centroids.f16": K * d * 2,
-                **({"pq.f32": (1 << m["nbits"]) * d * 4} if pq else {"buckets.f32": ((2 << m["nbits"]) - 1) * 4}),
+                **({"pq.f32": (1 << m["nbits"]) * d * 4} if pq else
+                   {"rq.f32": m["rq_codebooks"] * (1 << m["nbits"]) * d * 4} if rq else
+                   {"buckets.f32": ((2 << m["nbits"]) - 1) * 4}),
                 **({"opq.f32": d * d * 4} if m.get("pq_rotation") else {}),
                 "codes.bin": T * CODE_SIZES[m["code_dtype"]], "residuals.bin": T * per_token // 8,
                 "doclens.bin": N * 4, "sentcounts.bin": N * 4, "sentences.bin": S * 8, "passage_offsets.bin": N * 8,

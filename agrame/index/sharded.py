@@ -38,7 +38,7 @@ from ..encoder import Encoder
 from ..ranker import ScoredSpan, hit_order
 from .base import BaseIndex
 from .codec import ResidualCodec, same_codec
-from .format import (FORMAT_SHARDED, MAX_SHARDS, SHARDS_FILE, IndexDamagedError, IndexFolderError, is_sharded,
+from .format import (CODEC_FIELDS, FORMAT_SHARDED, MAX_SHARDS, SHARDS_FILE, IndexDamagedError, IndexFolderError, is_sharded,
                      manifest_checksum, model_block, read_manifest, read_shards, write_manifest)
 from .lock import WriterLock
 from .metadata import parse_filter
@@ -311,7 +311,7 @@ class ShardedIndex(ShardedWrites, BaseIndex):
         first = ms[0]
         return {"format": FORMAT_SHARDED, "generation": sum(int(m.get("generation", 1)) for m in ms),
                 "model": first["model"], "dim": first.get("dim"), "nbits": first.get("nbits"),
-                **{k: first[k] for k in ("pq_subvectors", "pq_rotation") if k in first},
+                **{k: first[k] for k in CODEC_FIELDS if k in first},
                 "num_shards": self.num_shards, "has_spans": any(m.get("has_spans") for m in ms),
                 "num_passages": sum(int(m["num_passages"]) for m in ms),
                 "num_deleted": sum(int(m.get("num_deleted", 0)) for m in ms),

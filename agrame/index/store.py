@@ -9,8 +9,10 @@ Files (raw little-endian arrays, all append-only except the per-generation inver
 ``pq.f32``             instead, with product-quantized residuals (``"pq_subvectors": m``): the codebooks
                        ``[m, 2^nbits, d/m]``; ``opq.f32``: with ``"pq_rotation": true``, the ``[d, d]``
                        rotation the residuals are quantized after (OPQ)
+``rq.f32``             instead, with additive residual codes (``"rq_codebooks": m``): the codebooks
+                       ``[m, 2^nbits, d]``
 ``codes.bin``          ``[T]`` centroid id per token (uint16 when K ≤ 65,536, else int32)
-``residuals.bin``      ``[T, d·nbits/8]`` packed residual buckets, or ``[T, m·nbits/8]`` packed PQ codes
+``residuals.bin``      ``[T, d·nbits/8]`` packed residual buckets, or ``[T, m·nbits/8]`` packed PQ / RQ codes
 ``sentence_tokens.bin`` ``[S, 2]`` int32 token rows (passage-local, end exclusive) of each sentence
 ``tokens.bin``         instead of ``sentence_tokens.bin`` when the manifest says ``"token_offsets":
                        "stored"``: character start (int32) and length (uint16) of each token
@@ -56,7 +58,7 @@ from ..corpus import EncodedCorpus, Passage
 from ..encoder import EncodedPassage, Encoder
 from ..pooling import check_pool_factor, decode_assignment, pool_passage, pooled_offsets
 from ..spans import normalize_span, sorted_token_segments, split_sentences
-from .codec import (PQ_TRAIN_POINTS, CompressedVectors, ProductCodec, ResidualCodec, num_centroids,
+from .codec import (PQ_TRAIN_POINTS, AdditiveCodec, CompressedVectors, ProductCodec, ResidualCodec, num_centroids,
                     parse_residuals, residuals_option, same_codec, train_codec_of)
 from .format import (FORMAT_V2, IVF_PIDS, MANIFEST, IndexDamagedError, IndexFolderError, check_files, crc32_file, ivf_generation,
                      model_block, read_manifest, replace_file, store_root, writing, VERIFY_LIMIT)
@@ -86,7 +88,7 @@ def default_pool_factor(encoder, given=None):
 
 def default_residuals(encoder, given=None):
     """``given`` if not None, else the residual codec the model is shipped for (its settings'
-    ``residuals``), else 2 bits a dimension: an int (bits) or a ``"pqMxB"`` name."""
+    ``residuals``), else 2 bits a dimension: an int (bits) or a ``"pqMxB"`` / ``"rqMxB"`` name."""
     return residuals_option(given if given is not None else
                             getattr(getattr(encoder, "settings", None), "residuals", 2))
 
@@ -393,8 +395,10 @@ def _codec_files(folder: Path, codec: ResidualCodec, files: Dict[str, dict]) -> 
 
 def codec_fields(codec: ResidualCodec) -> dict:
     """The manifest's fields for a codec: ``nbits`` (bits a dimension; of a product code, bits a code) and,
-    for a product codec, ``pq_subvectors`` (and ``pq_rotation`` with an OPQ rotation, in ``opq.f32``)."""
+    for a product codec, ``pq_subvectors`` (and ``pq_rotation`` with an OPQ rotation, in ``opq.f32``), for an
+    additive one ``rq_codebooks``."""
     return {"nbits": codec.nbits, **({"pq_subvectors": codec.m} if codec.kind == "pq" else {}),
+            **({"rq_codebooks": codec.m} if codec.kind == "rq" else {}),
             **({"pq_rotation": True} if getattr(codec, "rotation", None) is not None else {})}
 
 
@@ -407,6 +411,9 @@ def read_codec(root: Path, m: dict) -> ResidualCodec:
         books = np.fromfile(root / "pq.f32", dtype="<f4", count=d * ksub).reshape(sub, ksub, d // sub)
         rotation = np.fromfile(root / "opq.f32", dtype="<f4", count=d * d).reshape(d, d) if m.get("pq_rotation") else None
         return ProductCodec(centroids, books, m["nbits"], rotation)
+    if "rq_codebooks" in m:
+        books = np.fromfile(root / "rq.f32", dtype="<f4", count=m["rq_codebooks"] * (1 << m["nbits"]) * d)
+        return AdditiveCodec(centroids, books.reshape(m["rq_codebooks"], 1 << m["nbits"], d), m["nbits"])
     B = 1 << m["nbits"]
     buckets = np.fromfile(root / "buckets.f32", dtype="<f4", count=2 * B - 1)
     return ResidualCodec(centroids, buckets[:B - 1], buckets[B - 1:], m["nbits"])

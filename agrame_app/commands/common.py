@@ -76,7 +76,7 @@ def pool_factor(value: str):
 
 def residual_codec(value: str):
     """``--nbits``: bits a dimension (1, 2, 4, 8) or a product quantizer ``pqMxB`` (e.g. ``pq16x6``), ``opqMxB``
-    after a learned rotation (e.g. ``opq16x7``)."""
+    after a learned rotation (e.g. ``opq16x7``), or a residual quantizer ``rqMxB`` (e.g. ``rq14x8``)."""
     from agrame.index.codec import residuals_option
 
     try:

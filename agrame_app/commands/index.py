@@ -24,7 +24,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--nbits", type=residual_codec, default=None, metavar="B",
                    help="each token's residual: bits per dimension, 1, 2, 4 or 8 (2: ~37 bytes per 128-d token), "
                         "or a product quantizer pqMxB: M sub-vectors of B bits (pq16x6: ~17 bytes), opqMxB after "
-                        "a learned rotation (opq16x7: ~19 bytes); default: the model's own (2 for most)")
+                        "a learned rotation (opq16x7: ~19 bytes), or a residual quantizer rqMxB: M additive "
+                        "codebooks of B bits (rq14x8: ~19 bytes); default: the model's own (2 for most)")
     p.add_argument("--pool-factor", type=pool_factor, default=None, metavar="F",
                    help="keep about one vector per F tokens, pooled by Ward clustering of each sentence's "
                         "tokens, so every sentence and span stays searchable (default: the model's own, 1 for "
