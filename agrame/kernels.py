@@ -34,13 +34,18 @@ def _rebuild(centroids, codes, groups, table, lo, hi, out):
     for t in range(lo, hi):
         c = centroids[codes[t]]
         o = out[t - lo]
-        for j in range(d):
-            o[j] = c[j]
-        for g in range(groups.shape[1]):
-            row = table[groups[t, g]]
-            base = (g * width) % d
-            for j in range(width):
-                o[base + j] += row[j]
+        if width == d:
+            for j in range(d):
+                o[j] = c[j]
+            for g in range(groups.shape[1]):
+                row = table[groups[t, g]]
+                for j in range(d):
+                    o[j] += row[j]
+        else:
+            for g in range(groups.shape[1]):
+                row = table[groups[t, g]]
+                for j in range(width):
+                    o[g * width + j] = c[g * width + j] + row[j]
         n2 = np.float32(0.0)
         for j in range(d):
             n2 += o[j] * o[j]
