@@ -135,6 +135,33 @@ def _probed_maxsim(table, probe, offsets, pids, keep, slot_of, out_pids, out_sco
     return n
 
 
+def _list_counts(codes, doclens, last, counts):
+    """``counts[c]``: the passages holding a token of centroid ``c`` (passage ``p`` the ``doclens[p]`` tokens
+    after ``p - 1``'s); ``last`` (−1 for every centroid) is scratch."""
+    t = 0
+    for p in range(doclens.shape[0]):
+        for _ in range(doclens[p]):
+            c = codes[t]
+            if last[c] != p:
+                last[c] = p
+                counts[c] += 1
+            t += 1
+
+
+def _list_fill(codes, doclens, last, cursor, pids):
+    """The inverted lists themselves: each passage into its centroids' lists once, at ``cursor[c]`` (the lists'
+    starts, advanced), so each list is in passage order; ``last`` (−1 for every centroid) is scratch."""
+    t = 0
+    for p in range(doclens.shape[0]):
+        for _ in range(doclens[p]):
+            c = codes[t]
+            if last[c] != p:
+                last[c] = p
+                pids[cursor[c]] = p
+                cursor[c] += 1
+            t += 1
+
+
 if AVAILABLE:
     # fastmath: the dot products and norms may be summed in any order (vectorised), which moves a float32
     # score by a few ulps — inside the bound agrame.index.search.exact_margin allows for any float32 order.
@@ -144,6 +171,8 @@ if AVAILABLE:
     run_max = _jit(_run_max)
     table_maxsim = _jit(_table_maxsim)
     probed_maxsim = _jit(_probed_maxsim)
+    list_counts = _jit(_list_counts)
+    list_fill = _jit(_list_fill)
 else:  # pragma: no cover
     _rebuild_jit = _rebuild
-    run_max = table_maxsim = probed_maxsim = None
+    run_max = table_maxsim = probed_maxsim = list_counts = list_fill = None

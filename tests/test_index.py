@@ -16,7 +16,7 @@ from agrame.encoder import EncodedPassage
 from agrame.index import Index, IndexFolderError, ResidualCodec, add_passages, build_index, num_centroids
 from agrame.index.codec import pack_bits, unpack_bits
 from agrame.index.format import check_model, index_model_name
-from agrame.index.ivf import build_ivf, decode_varint, encode_varint, merge_ivf, unique_pairs
+from agrame.index.ivf import build_ivf, decode_varint, derive_ivf, encode_varint, merge_ivf, unique_pairs
 from agrame.index.writer import build_compressed
 from agrame.ranker import Ranker, rank_corpus
 
@@ -105,6 +105,27 @@ def test_ivf_matches_naive_lists_and_merge(pairs, split):
     merged = merge_ivf(build_ivf(unique_pairs(codes[first], pids[first]), 8),
                        unique_pairs(codes[~first], pids[~first]), 8)
     assert merged.offsets.tolist() == ivf.offsets.tolist() and merged.pids.tolist() == ivf.pids.tolist()
+
+
+@settings(deadline=None)  # (the first example compiles the kernels)
+@given(st.lists(st.lists(st.integers(0, 7), max_size=12), max_size=20), st.sampled_from(["<u2", "<i4"]))
+def test_lists_derived_from_the_codes_equal_the_naive_ones(passages, dtype):
+    codes = np.array([c for tokens in passages for c in tokens], dtype=dtype)
+    doclens = np.array([len(tokens) for tokens in passages], dtype=np.int64)
+    derived = derive_ivf(codes, doclens, 8)
+    for c in range(8):  # each passage holding a token of c, once, in order
+        assert derived.pids[derived.offsets[c]:derived.offsets[c + 1]].tolist() == \
+            [p for p, tokens in enumerate(passages) if c in tokens]
+    owners = np.repeat(np.arange(len(passages)), doclens)
+    built = build_ivf(unique_pairs(codes, owners), 8)
+    assert derived.offsets.tolist() == built.offsets.tolist() and derived.pids.dtype == np.int32
+    assert derived.pids.tolist() == built.pids.tolist()
+    if len(codes):
+        with pytest.raises(ValueError, match="centroid"):
+            derive_ivf(codes, doclens, int(codes.max()))
+    if len(passages):
+        with pytest.raises(ValueError, match="tokens"):
+            derive_ivf(codes, doclens + 1, 8)
 
 
 def _naive_varint(ivf) -> bytes:
@@ -342,7 +363,7 @@ def test_interrupted_build_leaves_nothing(tmp_path, tiny_encoder, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(store, "build_ivf", boom)
+    monkeypatch.setattr(store, "MetadataDB", boom)  # (the last file a build writes before its rename)
     with pytest.raises(RuntimeError):
         build_index(tiny_encoder, [Passage(str(i), t) for i, t in enumerate(TEXTS)], tmp_path / "ix", progress=False)
     assert list(tmp_path.iterdir()) == []

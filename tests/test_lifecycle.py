@@ -97,10 +97,10 @@ def test_delete_then_compact_equals_a_build_without_them(tmp_path, tiny_encoder)
     after = sum(f.stat().st_size for f in (tmp_path / "ix").rglob("*") if f.is_file())
     assert after < before and index.manifest["num_passages"] == 48 and "tombstones" not in index.manifest
     root, fresh_root = index.store.root, tmp_path / "fresh"
-    for name in ("codes.bin", "residuals.bin", "doclens.bin", "sentences.bin", "tokens.bin", "passages.jsonl",
-                 f"ivf-{index.manifest['ivf_generation']}.pids.bin"):
-        other = "ivf-1.pids.bin" if name.startswith("ivf-") else name
-        assert (root / name).read_bytes() == (fresh_root / other).read_bytes(), name
+    for name in ("codes.bin", "residuals.bin", "doclens.bin", "sentences.bin", "tokens.bin", "passages.jsonl"):
+        assert (root / name).read_bytes() == (fresh_root / name).read_bytes(), name
+    assert np.array_equal(index.store.ivf.offsets, fresh.store.ivf.offsets)  # (the lists derived from those codes)
+    assert np.array_equal(index.store.ivf.pids, fresh.store.ivf.pids)
     for g in ("passage", "sentence"):
         a = index.search_vectors(q, q, g, top_k=10, exact=True)
         assert a == fresh.search_vectors(q, q, g, top_k=10, exact=True)
@@ -423,20 +423,67 @@ def test_an_index_written_before_this_change_opens_and_changes(tmp_path, tiny_en
     assert "ivf_pids" not in index.manifest and index.search("glaciers", "passage", top_k=1)[0].passage_id == "p9"
 
 
-def test_a_new_index_stores_its_lists_as_varint_gaps(built, tmp_path, tiny_encoder):
+def _naive_lists(store) -> list:
+    """Each centroid's list written out: the passages holding one of its tokens, in order."""
+    return [[p for p in range(len(store)) if c in set(store.codes[store.starts[p]:store.starts[p + 1]].tolist())]
+            for c in range(store.codec.num_centroids)]
+
+
+def _lists(store) -> list:
+    return [store.ivf.pids[store.ivf.offsets[c]:store.ivf.offsets[c + 1]].tolist()
+            for c in range(store.codec.num_centroids)]
+
+
+def test_a_new_index_derives_its_lists_from_its_codes(built, tmp_path, tiny_encoder):
     index = Index(built, model=tiny_encoder)
+    assert index.manifest["ivf_pids"] == "derived"
+    assert not any(n.startswith("ivf-") for n in index.manifest["files"]) and not list(built.glob("ivf-*"))
+    assert _lists(index.store) == _naive_lists(index.store)
+    index.upsert([Passage("p9", EXTRA[0])])
+    index.delete(["p0"], compact_threshold=None)
+    assert _lists(index.store) == _naive_lists(index.store)
+    index.compact()
+    assert index.manifest["ivf_pids"] == "derived" and not list(index.store.root.glob("ivf-*"))
+    assert _lists(index.store) == _naive_lists(index.store)
+    assert index.search("glaciers", "passage", top_k=1)[0].passage_id == "p9"
+    verify_crc(built)
+
+
+def test_an_index_with_varint_lists_keeps_them_through_its_changes(tmp_path, tiny_encoder, monkeypatch):
+    import agrame.index.store as store_module
+
+    monkeypatch.setattr(store_module, "NEW_IVF_PIDS", "varint")  # (what a build wrote from 2026-11-29 to 12-01)
+    build_index(tiny_encoder, _passages(6), tmp_path / "v", progress=False)
+    monkeypatch.undo()
+    index = Index(tmp_path / "v", model=tiny_encoder)
     assert index.manifest["ivf_pids"] == "varint"
     pairs = int(index.store.ivf.offsets[-1])
     assert index.manifest["files"]["ivf-1.pids.bin"]["size"] < 4 * pairs  # (6 passages: a byte each)
     index.upsert([Passage("p9", EXTRA[0])])
     index.delete(["p0"], compact_threshold=None)
+    assert index.manifest["ivf_pids"] == "varint" and _lists(index.store) == _naive_lists(index.store)
     index.compact()
-    assert index.manifest["ivf_pids"] == "varint"
-    # the lists read back are the passages holding each centroid's tokens
-    store = index.store
-    for c in range(store.codec.num_centroids):
-        want = [p for p in range(len(store)) if c in set(store.codes[store.starts[p]:store.starts[p + 1]].tolist())]
-        assert store.ivf.pids[store.ivf.offsets[c]:store.ivf.offsets[c + 1]].tolist() == want
+    g = index.manifest["ivf_generation"]
+    assert index.manifest["ivf_pids"] == "varint" and f"ivf-{g}.pids.bin" in index.manifest["files"]
+    assert _lists(index.store) == _naive_lists(index.store)
+    verify_crc(tmp_path / "v")
+
+
+def test_codes_that_name_no_centroid_are_a_damaged_index(built, tmp_path, tiny_encoder):
+    import shutil
+
+    from agrame.index.format import crc32_file, write_manifest
+
+    copy = tmp_path / "bad"
+    shutil.copytree(built, copy)
+    m = json.loads((copy / "manifest.json").read_text())
+    codes = np.fromfile(copy / "codes.bin", dtype=m["code_dtype"])
+    codes[3] = m["num_centroids"]  # out of range, with its CRC made to match: only the range check can tell
+    codes.tofile(copy / "codes.bin")
+    m["files"]["codes.bin"]["crc32"] = crc32_file(copy / "codes.bin")
+    write_manifest(copy, m)
+    with pytest.raises(IndexFolderError, match="damaged.*centroid"):
+        Index(copy, model=tiny_encoder)
 
 
 # -- command line ----------------------------------------------------------------------------

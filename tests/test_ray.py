@@ -19,8 +19,7 @@ from agrame.index.writer import build_compressed
 from test_lifecycle import _passages
 
 STORE_FILES = ("codes.bin", "residuals.bin", "doclens.bin", "sentcounts.bin", "sentences.bin",
-               "sentence_tokens.bin", "passages.jsonl", "passage_offsets.bin", "centroids.f16", "buckets.f32",
-               "ivf-1.offsets.bin", "ivf-1.pids.bin")
+               "sentence_tokens.bin", "passages.jsonl", "passage_offsets.bin", "centroids.f16", "buckets.f32")
 
 
 @pytest.fixture(scope="module")

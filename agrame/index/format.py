@@ -148,8 +148,9 @@ CODEC_FIELDS = ("pq_subvectors", "pq_rotation", "rq_codebooks")
 
 CODE_SIZES = {"<u2": 2, "<i4": 4}  # bytes of a centroid code by its dtype
 #: How an inverted file stores its lists' passages (manifest field ``"ivf_pids"``, absent: the first;
-#: :mod:`.ivf`): int32, or varint gaps since 2026-11-29.
-IVF_PIDS = ("int32", "varint")
+#: :mod:`.ivf`): int32, varint gaps since 2026-11-29, or not at all (``"derived"`` from the codes when the
+#: index opens: no ``ivf-G`` files) since 2026-12-01.
+IVF_PIDS = ("int32", "varint", "derived")
 
 
 def residuals_of(manifest: dict) -> Optional[str]:
@@ -262,7 +263,8 @@ def _check_v2_files(m: dict, bad) -> None:
                 **({"opq.f32": d * d * 4} if m.get("pq_rotation") else {}),
                 "codes.bin": T * CODE_SIZES[m["code_dtype"]], "residuals.bin": T * per_token // 8,
                 "doclens.bin": N * 4, "sentcounts.bin": N * 4, "sentences.bin": S * 8, "passage_offsets.bin": N * 8,
-                f"ivf-{g}.offsets.bin": (K + 1) * 8, f"ivf-{g}.pids.bin": None, "passages.jsonl": None,
+                **({} if m.get("ivf_pids") == "derived" else {f"ivf-{g}.offsets.bin": (K + 1) * 8, f"ivf-{g}.pids.bin": None}),
+                "passages.jsonl": None,
                 ("tokens.bin" if m.get("token_offsets", "stored") == "stored" else "sentence_tokens.bin"):
                     m.get("num_original_tokens", T) * 6 if m.get("token_offsets", "stored") == "stored" else S * 8,
                 **({"pool.bin": m["num_original_tokens"], "origlens.bin": N * 4} if "pool_factor" in m else {})}

@@ -26,7 +26,8 @@ Files (raw little-endian arrays, all append-only except the per-generation inver
                        tokenizer's offsets it gives the vectors' offsets back)
 ``origlens.bin``       in a pooled index: ``[N]`` int32 original tokens per passage
 ``ivf-G.offsets.bin``  ``[K+1]`` int64 CSR starts; ``ivf-G.pids.bin``: passages per centroid, varint gaps
-                       (``"ivf_pids": "varint"``) or int32 (no field, before 2026-11-29; :mod:`.ivf`)
+                       (``"ivf_pids": "varint"``) or int32 (no field, before 2026-11-29; :mod:`.ivf`); neither
+                       since 2026-12-01 (``"ivf_pids": "derived"``: the lists rebuilt from ``codes.bin`` at open)
 =====================  ==========================================================
 
 Token offsets are not stored by default (``"token_offsets": "tokenizer"``: 6 of ~44 bytes per
@@ -62,7 +63,7 @@ from .codec import (PQ_TRAIN_POINTS, AdditiveCodec, CompressedVectors, ProductCo
                     parse_residuals, residuals_option, same_codec, train_codec_of)
 from .format import (FORMAT_V2, IVF_PIDS, MANIFEST, IndexDamagedError, IndexFolderError, check_files, crc32_file, ivf_generation,
                      model_block, read_manifest, replace_file, store_root, writing, VERIFY_LIMIT)
-from .ivf import InvertedFile, _ranges, build_ivf, decode_varint, encode_varint, unique_pairs
+from .ivf import InvertedFile, _ranges, build_ivf, decode_varint, derive_ivf, encode_varint, unique_pairs
 from .metadata import DIGEST_FIELD, METADATA_FILE, MetadataDB
 
 TOKEN_DTYPE = np.dtype([("start", "<i4"), ("length", "<u2")])
@@ -424,7 +425,14 @@ def ivf_pids(manifest: dict) -> str:
     return manifest.get("ivf_pids", IVF_PIDS[0])
 
 
+#: How a new index keeps its inverted file (:data:`~.format.IVF_PIDS`): derived from its codes at open.
+NEW_IVF_PIDS = "derived"
+
+
 def _ivf_files(folder: Path, ivf: InvertedFile, generation: int, files: Dict[str, dict], encoding: str) -> None:
+    """The inverted file's two files, for an index that stores them (``encoding`` ``"varint"`` or ``"int32"``)."""
+    if encoding == "derived":
+        return
     _write_fixed(folder, f"ivf-{generation}.offsets.bin", ivf.offsets.astype("<i8").tobytes(), files)
     _write_fixed(folder, f"ivf-{generation}.pids.bin",
                  encode_varint(ivf) if encoding == "varint" else ivf.pids.astype("<i4").tobytes(), files)
@@ -497,8 +505,9 @@ def write_blocks(folder: Path, model: dict, codec: ResidualCodec, codec_info: di
     if writer.next_pid != len(passages):
         raise IndexFolderError(f"{writer.next_pid} passages written for {len(passages)} given")
     files.update(out.files)
-    ivf = build_ivf(np.concatenate(writer.pairs), codec.num_centroids)
-    _ivf_files(folder, ivf, generation, files, "varint")
+    if NEW_IVF_PIDS != "derived":  # (else no inverted file: the lists are derived from the codes at open)
+        _ivf_files(folder, build_ivf(np.concatenate(writer.pairs), codec.num_centroids), generation, files,
+                   NEW_IVF_PIDS)
     db = MetadataDB(folder / METADATA_FILE, writable=True, create=True)
     try:
         digest = db.insert((pos, p.id, p.metadata) for pos, p in enumerate(passages))
@@ -512,7 +521,7 @@ def write_blocks(folder: Path, model: dict, codec: ResidualCodec, codec_info: di
         "codec": codec_info, "num_passages": writer.next_pid, "num_tokens": writer.tokens,
         "num_sentences": writer.sentences, "has_spans": writer.has_spans,
         "token_offsets": "stored" if store_offsets else "tokenizer", "files": files,
-        "metadata": METADATA_FILE, DIGEST_FIELD: digest, "ivf_pids": "varint",
+        "metadata": METADATA_FILE, DIGEST_FIELD: digest, "ivf_pids": NEW_IVF_PIDS,
         **({"pool_factor": pool_factor, "num_original_tokens": writer.original_tokens} if pool_factor != 1 else {}),
         # the budgets chosen for this model (its settings'), else the package's at search time
         **({"search": dict(model["settings"]["search"])} if model.get("settings", {}).get("search") else {}),
@@ -782,6 +791,8 @@ class Store:
             self._open_metadata(verify if verify_meta is None else verify_meta)
 
     def _read_ivf(self, m: dict) -> InvertedFile:
+        if ivf_pids(m) == "derived":
+            return derive_ivf(self.codes, self.doclens, m["num_centroids"])
         g = ivf_generation(m)
         offsets = np.fromfile(self.root / f"ivf-{g}.offsets.bin", dtype="<i8", count=m["num_centroids"] + 1)
         if offsets[0] != 0 or (np.diff(offsets) < 0).any():

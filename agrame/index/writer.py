@@ -655,11 +655,12 @@ class IndexWriter:
         files.update(out.files)
         new[DIGEST_FIELD] = add_digests(new.get(DIGEST_FIELD),
                                         db.insert((first + i, p.id, p.metadata) for i, p in enumerate(passages)))
-        ivf = merge_ivf(store.ivf, np.concatenate(writer.pairs), store.codec.num_centroids)
-        old = ivf_generation(new)
-        for suffix in ("offsets", "pids"):
-            files.pop(f"ivf-{old}.{suffix}.bin", None)
-        _ivf_files(root, ivf, generation, files, ivf_pids(new))
+        if ivf_pids(new) != "derived":  # (an index that stores its lists: the new ones under a new name)
+            ivf = merge_ivf(store.ivf, np.concatenate(writer.pairs), store.codec.num_centroids)
+            old = ivf_generation(new)
+            for suffix in ("offsets", "pids"):
+                files.pop(f"ivf-{old}.{suffix}.bin", None)
+            _ivf_files(root, ivf, generation, files, ivf_pids(new))
         if factor != 1:
             new["num_original_tokens"] = int(new["num_original_tokens"]) + writer.original_tokens
         new.update(ivf_generation=generation, num_passages=writer.next_pid,
@@ -730,8 +731,9 @@ class IndexWriter:
             finally:
                 out.close()
             files.update(out.files)
-            _ivf_files(folder, build_ivf(np.concatenate(pairs) if pairs else np.zeros(0, np.int64),
-                                         store.codec.num_centroids), generation, files, ivf_pids(manifest))
+            if ivf_pids(manifest) != "derived":
+                _ivf_files(folder, build_ivf(np.concatenate(pairs) if pairs else np.zeros(0, np.int64),
+                                             store.codec.num_centroids), generation, files, ivf_pids(manifest))
             db = MetadataDB(folder / METADATA_FILE, writable=True, create=True)
             try:
                 if store.meta is not None:
