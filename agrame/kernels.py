@@ -24,11 +24,26 @@ except ImportError:  # pragma: no cover - numba is a core dependency; a platform
 AVAILABLE = numba is not None
 
 
-def _rebuild(centroids, codes, groups, table, lo, hi, out):
+def _group_row(groups, nbits, stride, t, g):
+    """Token ``t``'s table row for group ``g``: ``groups[t, g]`` itself (``nbits`` 0), or the ``g``-th
+    ``nbits``-bit code of the packed bytes ``groups[t]`` (one big-endian bit stream, the first code in the
+    high bits: :func:`agrame.index.codec.pack_codes`) plus ``g · stride``."""
+    if nbits == 0:
+        return np.int64(groups[t, g])
+    pos = g * nbits
+    i = pos >> 3
+    window = np.int64(groups[t, i]) << 8
+    if i + 1 < groups.shape[1]:
+        window |= np.int64(groups[t, i + 1])
+    return ((window >> (16 - (pos & 7) - nbits)) & ((1 << nbits) - 1)) + g * stride
+
+
+def _rebuild(centroids, codes, groups, nbits, stride, count, table, lo, hi, out):
     """Rows ``lo:hi`` of the tokens, decompressed and normalised into ``out[:hi - lo]``:
-    ``centroids[codes[t]]`` plus, for each group ``g``, the ``table`` row ``groups[t, g]`` added in dimensions
-    ``g·w … g·w + w`` (``w`` the table's width; rows as wide as a token, an additive code's, are each added
-    over all of it, in group order), divided by its norm (at least 1e-12)."""
+    ``centroids[codes[t]]`` plus, for each of the ``count`` groups ``g``, the ``table`` row of
+    :func:`_group_row` added in dimensions ``g·w … g·w + w`` (``w`` the table's width; rows as wide as a
+    token, an additive code's, are each added over all of it, in group order), divided by its norm (at
+    least 1e-12). Packed codes are read where they lie, never unpacked into an array first."""
     d = centroids.shape[1]
     width = table.shape[1]
     for t in range(lo, hi):
@@ -37,13 +52,13 @@ def _rebuild(centroids, codes, groups, table, lo, hi, out):
         if width == d:
             for j in range(d):
                 o[j] = c[j]
-            for g in range(groups.shape[1]):
-                row = table[groups[t, g]]
+            for g in range(count):
+                row = table[_group_row_jit(groups, nbits, stride, t, g)]
                 for j in range(d):
                     o[j] += row[j]
         else:
-            for g in range(groups.shape[1]):
-                row = table[groups[t, g]]
+            for g in range(count):
+                row = table[_group_row_jit(groups, nbits, stride, t, g)]
                 for j in range(width):
                     o[g * width + j] = c[g * width + j] + row[j]
         n2 = np.float32(0.0)
@@ -54,9 +69,9 @@ def _rebuild(centroids, codes, groups, table, lo, hi, out):
             o[j] /= norm
 
 
-def _run_max(queries, centroids, codes, groups, table, starts, out):
-    """``out[i, r]``: the best dot product of query token ``i`` with the (decompressed) tokens of run
-    ``r`` (tokens ``starts[r] … starts[r + 1]``); −inf for an empty run."""
+def _run_max(queries, centroids, codes, groups, nbits, stride, count, table, starts, out):
+    """``out[i, r]``: the best dot product of query token ``i`` with the (decompressed, :func:`_rebuild`)
+    tokens of run ``r`` (tokens ``starts[r] … starts[r + 1]``); −inf for an empty run."""
     lq, d = queries.shape
     longest = 0
     for r in range(starts.shape[0] - 1):
@@ -64,7 +79,7 @@ def _run_max(queries, centroids, codes, groups, table, starts, out):
     buf = np.empty((max(longest, 1), d), dtype=np.float32)
     for r in range(starts.shape[0] - 1):
         lo, hi = starts[r], starts[r + 1]
-        _rebuild_jit(centroids, codes, groups, table, lo, hi, buf)
+        _rebuild_jit(centroids, codes, groups, nbits, stride, count, table, lo, hi, buf)
         for i in range(lq):
             q = queries[i]
             best = np.float32(-np.inf)
@@ -167,6 +182,7 @@ if AVAILABLE:
     # score by a few ulps — inside the bound agrame.index.search.exact_margin allows for any float32 order.
     # nogil: the exact stage's chunk pool runs two chunks at once. cache: compiled once per install.
     _jit = numba.njit(nogil=True, fastmath=True, cache=True)
+    _group_row_jit = _jit(_group_row)
     _rebuild_jit = _jit(_rebuild)
     run_max = _jit(_run_max)
     table_maxsim = _jit(_table_maxsim)
@@ -174,5 +190,5 @@ if AVAILABLE:
     list_counts = _jit(_list_counts)
     list_fill = _jit(_list_fill)
 else:  # pragma: no cover
-    _rebuild_jit = _rebuild
+    _group_row_jit, _rebuild_jit = _group_row, _rebuild
     run_max = table_maxsim = probed_maxsim = list_counts = list_fill = None

@@ -12,7 +12,7 @@ A span with no token therefore scores −inf ("cannot be scored"), never 0.
 from __future__ import annotations
 
 import threading
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -167,7 +167,27 @@ def compiled_runs() -> bool:
     return kernels.AVAILABLE
 
 
-def compressed_run_max(queries: torch.Tensor, centroids: np.ndarray, codes: np.ndarray, groups: np.ndarray,
+class PackedRows(NamedTuple):
+    """Table rows kept packed: token ``t``'s group ``g`` reads row ``code + g · stride``, ``code`` the ``g``-th
+    ``nbits``-bit value of ``packed[t]`` (one big-endian bit stream: a product or additive codec's codes as
+    stored, :func:`agrame.index.codec.pack_codes`)."""
+
+    packed: np.ndarray  # [n, m·nbits/8] uint8
+    nbits: int
+    count: int  # codes a token (m)
+    stride: int  # rows a codebook (2^nbits)
+
+    def rows(self) -> np.ndarray:
+        """``[n, m]`` int64 row indices (the array path's): the bit stream read bit by bit."""
+        n = len(self.packed)
+        bits = np.unpackbits(np.asarray(self.packed, dtype=np.uint8).reshape(n, self.count * self.nbits // 8), axis=1)
+        bits = bits[:, :self.count * self.nbits].reshape(n, self.count, self.nbits).astype(np.int64)
+        out = bits @ (np.int64(1) << np.arange(self.nbits - 1, -1, -1, dtype=np.int64))
+        out += np.arange(self.count, dtype=np.int64) * self.stride
+        return out
+
+
+def compressed_run_max(queries: torch.Tensor, centroids: np.ndarray, codes: np.ndarray, groups,
                        table: np.ndarray, starts: np.ndarray, *, compiled: bool | None = None) -> torch.Tensor:
     """:func:`segment_max` over token vectors kept compressed: ``[Lq, R]``, query token ``i``'s best
     similarity among the tokens of run ``r`` (tokens ``starts[r] … starts[r + 1]``, −inf if none).
@@ -175,7 +195,8 @@ def compressed_run_max(queries: torch.Tensor, centroids: np.ndarray, codes: np.n
     Token ``t`` is ``normalize(centroids[codes[t]] + concat_g table[groups[t, g]])``: a centroid plus one
     table row per group of ``w = table.shape[1]`` dimensions (a scalar codec's byte → ``8 / nbits``
     reconstructed dimensions, a product codec's codeword); where ``w = d`` (an additive codec's codewords)
-    ``Σ_g table[groups[t, g]]`` instead. ``compiled`` (default: when numba is there):
+    ``Σ_g table[groups[t, g]]`` instead. ``groups``: ``[n, G]`` rows, or :class:`PackedRows` (codes as
+    stored, read by the compiled loop where they lie). ``compiled`` (default: when numba is there):
     :mod:`agrame.kernels`' loop, which rebuilds one run at a time in the CPU's cache and scores it there
     (a top 100's exact stage, 300 passages and 48k tokens on nq-oracle: 16.6 → 11.2 ms in
     diagnostic runs); else the same math as whole arrays, the reference it is tested
@@ -188,9 +209,18 @@ def compressed_run_max(queries: torch.Tensor, centroids: np.ndarray, codes: np.n
         compiled = kernels.AVAILABLE
     if compiled:
         out = np.empty((queries.shape[0], len(starts) - 1), dtype=np.float32)
+        if isinstance(groups, PackedRows):
+            rows, nbits, stride, count = np.ascontiguousarray(groups.packed, dtype=np.uint8), groups.nbits, \
+                groups.stride, groups.count
+        else:
+            rows = np.ascontiguousarray(groups)
+            rows = rows.reshape(len(rows), -1)
+            nbits, stride, count = 0, 0, rows.shape[1]
         kernels.run_max(queries.numpy(), np.ascontiguousarray(centroids, dtype=np.float32), np.ascontiguousarray(codes),
-                        np.ascontiguousarray(groups), np.ascontiguousarray(table, dtype=np.float32), starts, out)
+                        rows, nbits, stride, count, np.ascontiguousarray(table, dtype=np.float32), starts, out)
         return torch.from_numpy(out)
+    if isinstance(groups, PackedRows):
+        groups = groups.rows()
     n = len(codes)
     vectors = np.take(centroids, np.asarray(codes, dtype=np.int64), axis=0).astype(np.float32)
     groups = np.asarray(groups, dtype=np.int64).reshape(n, -1)

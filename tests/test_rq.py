@@ -242,3 +242,28 @@ def test_a_sharded_index_and_a_ray_work_folder_keep_an_additive_codec(tmp_path, 
     sharded = ShardedIndex(path, model=tiny_encoder)
     assert sharded.manifest["rq_codebooks"] == 2 and sharded.manifest["nbits"] == 8
     assert len(sharded.search("coral reef bleaching", "passage", top_k=3)) == 3
+
+
+@settings(max_examples=40, deadline=None)
+@given(nbits=st.sampled_from([4, 6, 7, 8]), groups=st.integers(1, 3), n=st.integers(0, 9), seed=st.integers(0, 10_000))
+def test_packed_rows_read_the_codes_as_unpack_does(nbits, groups, n, seed):
+    from agrame import scoring
+    from agrame.index.codec import codes_per_group, unpack_codes
+
+    m = groups * codes_per_group(nbits)
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 1 << nbits, (n, m))
+    packed = pack_codes(codes, nbits)
+    want = unpack_codes(packed, nbits, m).astype(np.int64) + np.arange(m) * (1 << nbits)
+    assert np.array_equal(scoring.PackedRows(packed, nbits, m, 1 << nbits).rows(), want)
+    # the compiled loop reads the same rows where they lie: a one-hot table shows which row each group took
+    table = np.zeros((m << nbits, 1), dtype=np.float32)
+    table[:, 0] = np.arange(m << nbits, dtype=np.float32) + 1  # row r holds r + 1
+    centroids = np.zeros((1, m), dtype=np.float32)
+    if n:
+        for t in range(n):  # one token a run, one query per group picking out that group's dimension
+            got = scoring.compressed_run_max(torch.eye(m), centroids, np.zeros(1, np.int64),
+                                             scoring.PackedRows(packed[t:t + 1], nbits, m, 1 << nbits), table,
+                                             np.array([0, 1]), compiled=True)[:, 0].numpy()
+            row_values = want[t] + 1.0
+            np.testing.assert_allclose(got, row_values / np.linalg.norm(row_values), rtol=1e-6)

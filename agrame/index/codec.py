@@ -383,8 +383,8 @@ class ProductCodec:
                 raise ValueError(f"the rotation must be an orthonormal [{self.dim}, {self.dim}] matrix")
             self._table_centroids = self._centroids32 @ self.rotation
         # codeword j of sub-vector s is row s·2^nbits + j: decoding is one gather of m rows per token
+        self._offsets = np.arange(m, dtype=np.int64) * ksub
         self._flat_codebooks = self.codebooks.reshape(m * ksub, dsub)
-        self._offsets = (np.arange(m, dtype=np.int64) * ksub)
         self._norms = torch.from_numpy((self.codebooks ** 2).sum(axis=2))  # [m, ksub]
         self._assigner = None
 
@@ -504,9 +504,8 @@ class ProductCodec:
         """``(centroids, codes, groups, table)`` of :func:`agrame.scoring.compressed_run_max`: each sub-vector
         is a group, its codeword's row of the stacked codebooks the ``d / m`` dimensions it codes (with a
         rotation, the centroids rotated: the tokens as the quantizer sees them; see :meth:`table_queries`)."""
-        rows = unpack_codes(packed, self.nbits, self.m).astype(np.int64)
-        rows += self._offsets
-        return self._table_centroids, codes, rows, self._flat_codebooks
+        return self._table_centroids, codes, scoring.PackedRows(packed, self.nbits, self.m, 1 << self.nbits), \
+            self._flat_codebooks
 
     def table_queries(self, queries: torch.Tensor) -> torch.Tensor:
         """The queries :meth:`table_form`'s tokens are scored against: rotated as they are."""
@@ -598,8 +597,8 @@ class AdditiveCodec:
                              "(whole codewords, and m·nbits filling whole bytes)")
         self._centroids32 = self.centroids.astype(np.float32)
         # codeword j of codebook s is row s·2^nbits + j: decoding is one gather of m rows per token, summed
+        self._offsets = np.arange(m, dtype=np.int64) * ksub
         self._flat_codebooks = self.codebooks.reshape(m * ksub, dim)
-        self._offsets = (np.arange(m, dtype=np.int64) * ksub)
         self._assigner = None
 
     @property
@@ -708,9 +707,8 @@ class AdditiveCodec:
     def table_form(self, codes: np.ndarray, packed: np.ndarray) -> tuple:
         """``(centroids, codes, groups, table)`` of :func:`agrame.scoring.compressed_run_max`: each codebook is
         a group whose rows are as wide as a token, so its codeword is added over every dimension."""
-        rows = unpack_codes(packed, self.nbits, self.m).astype(np.int64)
-        rows += self._offsets
-        return self._centroids32, codes, rows, self._flat_codebooks
+        return self._centroids32, codes, scoring.PackedRows(packed, self.nbits, self.m, 1 << self.nbits), \
+            self._flat_codebooks
 
     def table_queries(self, queries: torch.Tensor) -> torch.Tensor:
         return queries
