@@ -245,12 +245,22 @@ def test_a_reopen_racing_a_writer_is_tried_again(served, tiny_encoder, monkeypat
     assert r.status_code == 200 and r.json()["generation"] == 2 and r.json()["passages"] == 4
 
     add_passages(path, tiny_encoder, [Passage("newer", "Sea turtles eat seagrass.")], progress=False)
-    failures[0] = 10  # more than one request's tries: the old generation changed under it, so retry later
+    failures[0] = 10  # more than one request's tries
+    # an add supersedes no file of the generation served (appends; the lists are derived from the codes):
+    # while the reopen fails, that generation keeps answering
+    r = client.post("/search", json={"query": "turtles", "granularity": "passage", "top_k": 1})
+    assert r.status_code == 200 and r.json()["generation"] == 2 and r.json()["passages"] == 4
+    # a compaction removes the store the served generation reads: it changed under it, so retry later
+    from agrame.index import IndexWriter
+
+    with IndexWriter(path) as writer:
+        writer.delete(["new"])
+        writer.compact()
     r = client.post("/search", json={"query": "turtles", "granularity": "passage", "top_k": 1})
     assert r.status_code == 503 and "Retry-After" in r.headers and "being updated" in r.json()["error"]
     failures[0] = 0
     r = client.post("/search", json={"query": "turtles", "granularity": "passage", "top_k": 1})
-    assert r.status_code == 200 and r.json()["generation"] == 3 and r.json()["passages"] == 5
+    assert r.status_code == 200 and r.json()["generation"] > 3 and r.json()["passages"] == 4
 
 
 @pytest.mark.parametrize("field,value", [("top_k", "5"), ("top_k", True), ("explain", "yes"), ("explain", 1),
