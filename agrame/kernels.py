@@ -56,6 +56,11 @@ def _rebuild(centroids, codes, groups, nbits, stride, count, table, lo, hi, out)
                 row = table[_group_row_jit(groups, nbits, stride, t, g)]
                 for j in range(d):
                     o[j] += row[j]
+        elif nbits == 0:  # rows given (a scalar codec's bytes): the loop as it was, no per-group call
+            for g in range(count):
+                row = table[groups[t, g]]
+                for j in range(width):
+                    o[g * width + j] = c[g * width + j] + row[j]
         else:
             for g in range(count):
                 row = table[_group_row_jit(groups, nbits, stride, t, g)]
