@@ -276,8 +276,9 @@ def estimate_bytes_per_token(dim: int, vocab: str, measured: Dict[str, dict], vo
     """A model's 2-bit bytes per token where its own index was not built: a measured model with the same
     tokenizer has the same tokens, passages, sentences and centroid count on the pooled corpus; only the
     residuals (dim · nbits / 8 a token) and the float16 centroids (centroids · dim · 2 / tokens) depend on the
-    dimension. What else differs between models — which passages share a centroid (``ivf-1.pids.bin``, 2.2–2.9
-    bytes a token among the measured ones) — is taken from the measured model, hence an estimate."""
+    dimension. What else differs between models is taken from the measured model, hence an estimate. It is of
+    the index a build writes today, whose inverted lists are derived from the codes at open: a measured row's
+    ``ivf-G`` files (an index built before 2026-12-01) are left out."""
     same = [n for n in measured if vocabs.get(n) == vocab]
     if not same:
         return {"bytes_per_token": None}
@@ -285,6 +286,8 @@ def estimate_bytes_per_token(dim: int, vocab: str, measured: Dict[str, dict], vo
     row = measured[source]
     files = dict(row["bytes_per_token_by_file"])
     files.pop("passages.jsonl", None)
+    for name in [n for n in files if n.startswith("ivf-")]:
+        files.pop(name)
     files["residuals.bin"] = dim * int(row["nbits"]) / 8
     files["centroids.f16"] = int(row["num_centroids"]) * dim * 2 / int(row["tokens"])
     return {"bytes_per_token": round(sum(files.values()), 1), "bytes_per_token_estimated_from": source}

@@ -160,7 +160,10 @@ def test_the_bytes_per_token_estimate_is_within_half_a_byte_of_the_measured_size
         dim = {"zeroshot": 384, "gpu-agrame128-g2000": 128}[target]
         est = estimate_bytes_per_token(dim, "minilm", {source: rows[source]}, vocab)
         assert est["bytes_per_token_estimated_from"] == source
-        assert abs(est["bytes_per_token"] - rows[target]["bytes_per_token_text_excluded"]) <= 0.5, (target, est)
+        # (an index built before 2026-12-01 stored its lists; a build today derives them: the estimate's)
+        lists = sum(v for k, v in rows[target]["bytes_per_token_by_file"].items() if k.startswith("ivf-"))
+        measured = rows[target]["bytes_per_token_text_excluded"] - lists
+        assert abs(est["bytes_per_token"] - measured) <= 0.5, (target, est)
         own = estimate_bytes_per_token(dim, "minilm", {target: rows[target]}, vocab)
-        assert own["bytes_per_token"] == round(rows[target]["bytes_per_token_text_excluded"], 1)
+        assert own["bytes_per_token"] == round(rows[target]["bytes_per_token_text_excluded"] - lists, 1)
     assert estimate_bytes_per_token(128, "other", {"zeroshot": rows["zeroshot"]}, vocab) == {"bytes_per_token": None}
