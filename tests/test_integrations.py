@@ -75,7 +75,12 @@ def test_langchain_retriever_over_a_folder(index_dir, tiny_model_dir, granularit
     for d in docs:
         _check_metadata(d.metadata, granularity, d.page_content)
         assert d.metadata["metadata"]["source"] in ("wiki", "news")  # the passage's own metadata
-    assert [d.metadata for d in asyncio.run(retriever.ainvoke(QUERY))] == [d.metadata for d in docs]
+    # the async path answers alike; its query is encoded on another thread, whose matrix products may round
+    # in another order (seen: scores one float32 ulp apart on one machine, equal on another)
+    again = [d.metadata for d in asyncio.run(retriever.ainvoke(QUERY))]
+    assert [{k: v for k, v in m.items() if k != "score"} for m in again] == \
+        [{k: v for k, v in d.metadata.items() if k != "score"} for d in docs]
+    assert [m["score"] for m in again] == pytest.approx([d.metadata["score"] for d in docs], rel=1e-6)
     # filters pass through, and batch works as LangChain runnables do
     only = AgrameRetriever.from_index(index_dir, model=str(tiny_model_dir), granularity=granularity, top_k=4,
                                       filter={"source": "wiki"})
