@@ -345,8 +345,45 @@ def unpack_codes(packed: np.ndarray, nbits: int, m: int) -> np.ndarray:
     return out.reshape(n, m)
 
 
+class _Codebooks:
+    """What a product and an additive codec share: centroids ``[K, d]``, ``m`` codebooks of ``nbits``-bit codes
+    packed per token (:func:`pack_codes`)."""
+
+    @property
+    def m(self) -> int:
+        return int(self.codebooks.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.centroids.shape[1])
+
+    @property
+    def centroids32(self) -> np.ndarray:
+        return self._centroids32
+
+    @property
+    def num_centroids(self) -> int:
+        return int(self.centroids.shape[0])
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.m * self.nbits // 8
+
+    @property
+    def code_dtype(self) -> np.dtype:
+        return np.dtype(np.uint16) if self.num_centroids <= 1 << 16 else np.dtype(np.int32)
+
+    def assign(self, vectors: np.ndarray) -> np.ndarray:
+        if self._assigner is None:
+            self._assigner = _assigner(self._centroids32)
+        return _assign(self._assigner, vectors)
+
+    def lookup_codes(self, packed: np.ndarray) -> np.ndarray:
+        return unpack_codes(packed, self.nbits, self.m)
+
+
 @dataclass
-class ProductCodec:
+class ProductCodec(_Codebooks):
     """Centroids ``[K, d]`` (float16, unit length) and a product quantizer of the residuals: ``m``
     codebooks of ``2^nbits`` codewords ``[m, 2^nbits, d/m]`` (float32), trained by faiss's k-means.
 
@@ -389,32 +426,8 @@ class ProductCodec:
         self._assigner = None
 
     @property
-    def m(self) -> int:
-        return int(self.codebooks.shape[0])
-
-    @property
     def name(self) -> str:
         return f"{'pq' if self.rotation is None else 'opq'}{self.m}x{self.nbits}"
-
-    @property
-    def dim(self) -> int:
-        return int(self.centroids.shape[1])
-
-    @property
-    def centroids32(self) -> np.ndarray:
-        return self._centroids32
-
-    @property
-    def num_centroids(self) -> int:
-        return int(self.centroids.shape[0])
-
-    @property
-    def bytes_per_token(self) -> int:
-        return self.m * self.nbits // 8
-
-    @property
-    def code_dtype(self) -> np.dtype:
-        return np.dtype(np.uint16) if self.num_centroids <= 1 << 16 else np.dtype(np.int32)
 
     @classmethod
     def train(cls, sample: np.ndarray, num_centroids: int, nbits: int = 6, m: int = 16, *, niter: int = 8,
@@ -458,11 +471,6 @@ class ProductCodec:
     def residual_files(self) -> dict:
         return {"pq.f32": self.codebooks.astype("<f4").tobytes(),
                 **({"opq.f32": self.rotation.astype("<f4").tobytes()} if self.rotation is not None else {})}
-
-    def assign(self, vectors: np.ndarray) -> np.ndarray:
-        if self._assigner is None:
-            self._assigner = _assigner(self._centroids32)
-        return _assign(self._assigner, vectors)
 
     def quantize(self, residuals: np.ndarray, chunk: int = 1 << 16) -> np.ndarray:
         """``[n, d]`` residuals → ``[n, m]`` codes: each sub-vector's nearest codeword (L2)."""
@@ -518,8 +526,6 @@ class ProductCodec:
         return torch.einsum("isk,svk->isv", queries.reshape(len(queries), self.m, self.dim // self.m),
                             torch.from_numpy(self.codebooks)).contiguous()
 
-    def lookup_codes(self, packed: np.ndarray) -> np.ndarray:
-        return unpack_codes(packed, self.nbits, self.m)
 
 
 def _quantizer_residuals(centroids: np.ndarray, held: np.ndarray, train: np.ndarray, extra, minimum: int,
@@ -564,7 +570,7 @@ def beam_encode(residuals: torch.Tensor, codebooks: torch.Tensor, beam: int) -> 
 
 
 @dataclass
-class AdditiveCodec:
+class AdditiveCodec(_Codebooks):
     """Centroids ``[K, d]`` (float16, unit length) and a residual quantizer: ``m`` codebooks of ``2^nbits``
     whole ``d``-dimensional codewords ``[m, 2^nbits, d]`` (float32), a token ``c + Σ_s codebooks[s, code_s]``.
 
@@ -602,32 +608,8 @@ class AdditiveCodec:
         self._assigner = None
 
     @property
-    def m(self) -> int:
-        return int(self.codebooks.shape[0])
-
-    @property
     def name(self) -> str:
         return f"rq{self.m}x{self.nbits}"
-
-    @property
-    def dim(self) -> int:
-        return int(self.centroids.shape[1])
-
-    @property
-    def centroids32(self) -> np.ndarray:
-        return self._centroids32
-
-    @property
-    def num_centroids(self) -> int:
-        return int(self.centroids.shape[0])
-
-    @property
-    def bytes_per_token(self) -> int:
-        return self.m * self.nbits // 8
-
-    @property
-    def code_dtype(self) -> np.dtype:
-        return np.dtype(np.uint16) if self.num_centroids <= 1 << 16 else np.dtype(np.int32)
 
     @classmethod
     def train(cls, sample: np.ndarray, num_centroids: int, nbits: int = 8, m: int = 14, *, niter: int = 8,
@@ -664,11 +646,6 @@ class AdditiveCodec:
 
     def residual_files(self) -> dict:
         return {"rq.f32": self.codebooks.astype("<f4").tobytes()}
-
-    def assign(self, vectors: np.ndarray) -> np.ndarray:
-        if self._assigner is None:
-            self._assigner = _assigner(self._centroids32)
-        return _assign(self._assigner, vectors)
 
     def quantize(self, residuals: np.ndarray, chunk: int = 512) -> np.ndarray:
         """``[n, d]`` residuals → ``[n, m]`` codes (:func:`beam_encode` with :data:`BEAM`), ``chunk`` at a time:
@@ -719,8 +696,6 @@ class AdditiveCodec:
         queries = _check_queries(queries, self.dim)
         return torch.einsum("ik,svk->isv", queries, torch.from_numpy(self.codebooks)).contiguous()
 
-    def lookup_codes(self, packed: np.ndarray) -> np.ndarray:
-        return unpack_codes(packed, self.nbits, self.m)
 
 
 def codec_from_state(state) -> "ResidualCodec | ProductCodec | AdditiveCodec":
