@@ -405,7 +405,7 @@ RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     kind: {"open_domain": render_open_domain, "citation": render_citation}.get(kind, lambda rs, k=kind: render(k, rs))
     for kind in ("evidence", "open_domain", "cross_domain", "atomic_facts", "marker_choice", "speed", "segmentation",
                  "citation", "citation-latency", "teachers", "serve_load", "lifecycle", "fault", "hardening", "safety",
-                 "safety-suite", "read-verification", "plaid-budget", "openmp_wait", "residual_codecs", "scale_out", "e5", "export_parity", "batch_search",
+                 "safety-suite", "read-verification", "plaid-budget", "recall_misses", "openmp_wait", "residual_codecs", "scale_out", "e5", "export_parity", "batch_search",
                  "pool_methods")}
 
 
