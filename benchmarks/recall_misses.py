@@ -45,6 +45,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    if args.limit < 1:
+        parser.error(f"--limit must be at least 1, got {args.limit}")
     torch.set_num_threads(args.threads)
     vectors = PoolVectors(args.model)
     index = Index(build(vectors, args.nbits)[0], model=vectors.encoder)

@@ -97,8 +97,36 @@ def unpack_bits(packed: np.ndarray, nbits: int, dim: int) -> np.ndarray:
     return ((packed[:, :, None] >> shifts) & mask).reshape(packed.shape[0], dim)
 
 
+class _Centroids:
+    """What every codec shares: centroids ``[K, d]`` (float16, unit length: ``centroids``) and their float32
+    copy (``_centroids32``), the type of a token's centroid id, and the nearest-centroid assignment."""
+
+    @property
+    def dim(self) -> int:
+        return int(self.centroids.shape[1])
+
+    @property
+    def centroids32(self) -> np.ndarray:
+        """The centroids in float32, computed once (searches share this copy: 25 MB at K = 16,384, d = 384)."""
+        return self._centroids32
+
+    @property
+    def num_centroids(self) -> int:
+        return int(self.centroids.shape[0])
+
+    @property
+    def code_dtype(self) -> np.dtype:
+        return np.dtype(np.uint16) if self.num_centroids <= 1 << 16 else np.dtype(np.int32)
+
+    def assign(self, vectors: np.ndarray) -> np.ndarray:
+        """Nearest centroid of each vector (:func:`_assign`)."""
+        if self._assigner is None:
+            self._assigner = _assigner(self._centroids32)
+        return _assign(self._assigner, vectors)
+
+
 @dataclass
-class ResidualCodec:
+class ResidualCodec(_Centroids):
     """Centroids ``[K, d]`` (float16, unit length), shared bucket cut-offs and reconstruction values."""
 
     centroids: np.ndarray  # [K, d] float16
@@ -122,25 +150,8 @@ class ResidualCodec:
         self._assigner = None
 
     @property
-    def dim(self) -> int:
-        return int(self.centroids.shape[1])
-
-    @property
-    def centroids32(self) -> np.ndarray:
-        """The centroids in float32, computed once (searches share this copy: 25 MB at K = 16,384, d = 384)."""
-        return self._centroids32
-
-    @property
-    def num_centroids(self) -> int:
-        return int(self.centroids.shape[0])
-
-    @property
     def bytes_per_token(self) -> int:
         return self.dim * self.nbits // 8
-
-    @property
-    def code_dtype(self) -> np.dtype:
-        return np.dtype(np.uint16) if self.num_centroids <= 1 << 16 else np.dtype(np.int32)
 
     kind = "scalar"
 
@@ -183,12 +194,6 @@ class ResidualCodec:
     def lookup_codes(self, packed: np.ndarray) -> np.ndarray:
         """Stored residual rows → the table columns they read: a packed byte is its own column."""
         return np.asarray(packed)
-
-    def assign(self, vectors: np.ndarray) -> np.ndarray:
-        """Nearest centroid of each vector (:func:`_assign`)."""
-        if self._assigner is None:
-            self._assigner = _assigner(self._centroids32)
-        return _assign(self._assigner, vectors)
 
     def compress(self, vectors: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """``[n, d]`` unit vectors → (centroid ids ``[n]``, packed residuals ``[n, d·nbits/8]`` uint8)."""
@@ -345,8 +350,8 @@ def unpack_codes(packed: np.ndarray, nbits: int, m: int) -> np.ndarray:
     return out.reshape(n, m)
 
 
-class _Codebooks:
-    """What a product and an additive codec share: centroids ``[K, d]``, ``m`` codebooks of ``nbits``-bit codes
+class _Codebooks(_Centroids):
+    """What a product and an additive codec share beyond the centroids: ``m`` codebooks of ``nbits``-bit codes
     packed per token (:func:`pack_codes`)."""
 
     @property
@@ -354,29 +359,8 @@ class _Codebooks:
         return int(self.codebooks.shape[0])
 
     @property
-    def dim(self) -> int:
-        return int(self.centroids.shape[1])
-
-    @property
-    def centroids32(self) -> np.ndarray:
-        return self._centroids32
-
-    @property
-    def num_centroids(self) -> int:
-        return int(self.centroids.shape[0])
-
-    @property
     def bytes_per_token(self) -> int:
         return self.m * self.nbits // 8
-
-    @property
-    def code_dtype(self) -> np.dtype:
-        return np.dtype(np.uint16) if self.num_centroids <= 1 << 16 else np.dtype(np.int32)
-
-    def assign(self, vectors: np.ndarray) -> np.ndarray:
-        if self._assigner is None:
-            self._assigner = _assigner(self._centroids32)
-        return _assign(self._assigner, vectors)
 
     def lookup_codes(self, packed: np.ndarray) -> np.ndarray:
         return unpack_codes(packed, self.nbits, self.m)
