@@ -213,6 +213,81 @@ def choose_budget(args, vectors: PoolVectors, ours: Index, plaid) -> None:
         print(f"stored with the model: {store_with_model(args.model, 'search', search)}")
 
 
+#: Written 2026-12-02 before its rows were measured (issue 64: R@100 ≥ PLAID's at ≤ its latency). The budget above
+#: matched PLAID's agreement with the float16 scan, yet squad-dev's R@100 fell one question short of PLAID's; on
+#: SQuAD train the search's recoverable misses are lost at stages 2a–2b (``benchmarks.recall_misses --dataset
+#: squad-train``). This rule asks for the issue's own bar on SQuAD *train* and spends the latency the bar leaves on
+#: recall, keeping a margin for a loaded machine (the issue lets the ratio move by 0.2 under load).
+RECALL_RULE = ("top 100's budget: every setting of RECALL_GRID and PLAID (colbert-ai's defaults for k = 100) search "
+               "2,000 SQuAD train questions (one per paragraph, seed 0) in turn, on the same query vectors; of the "
+               "settings whose median top-100 latency is at most 0.9 × PLAID's, the one with the highest gold R@100, "
+               "ties to the lower median latency; it must also reach PLAID's R@100, or today's settings stay")
+#: (nprobe, per_hit, prune factor) — today's (8, 3, 4) first; stage 2a keeps prune factor × ncandidates.
+RECALL_GRID = ((8, 3, 4), (8, 4, 4), (8, 5, 4), (8, 6, 4), (12, 3, 4), (8, 3, 8))
+#: the share of PLAID's median top-100 latency a chosen setting may take
+RECALL_LATENCY_MARGIN = 0.9
+
+
+def _recall_name(setting) -> str:
+    return "nprobe {} · per_hit {} · prune {}".format(*setting)
+
+
+def choose_recall(args, vectors: PoolVectors, ours: Index, plaid) -> None:
+    from agrame.index import search as staged
+
+    from .index_search import PASSAGE_K, _train_questions, store_with_model
+
+    encoder = vectors.encoder
+    questions = _train_questions(vectors.pool, args.limit or 2000, args.seed)
+    encoded = encode_queries(encoder, [q.text for q in questions])
+    harness = Harness("pool", vectors.pool.texts, vectors.spans)
+
+    def ours_with(nprobe: int, per_hit: int, prune: int):
+        def search(q):
+            staged.PRUNE_FACTOR = prune  # the module's constant, read at each call (restored below)
+            return [int(h.passage_id) for h in ours.search_vectors(q, None, "passage", PASSAGE_K, nprobe=nprobe,
+                                                                    per_hit=per_hit)]
+        return search
+
+    systems = {"plaid": lambda q: plaid(q, PASSAGE_K)}
+    systems.update({_recall_name(setting): ours_with(*setting) for setting in RECALL_GRID})
+    found: Dict[str, int] = {name: 0 for name in systems}
+    ms: Dict[str, List[float]] = {name: [] for name in systems}
+    before = staged.PRUNE_FACTOR
+    plaid(encoded[0][0], PASSAGE_K)  # compiles colbert-ai's C++ extensions outside the timings
+    try:
+        with busy_beside(args.beside) as load_job:
+            for q, (qv, _) in zip(tqdm(questions, desc="choose top 100's recall budget", disable=None), encoded):
+                for name, search in systems.items():  # alternately: the same machine state for all
+                    t = time.perf_counter()
+                    ranked = search(qv)
+                    ms[name].append(1000 * (time.perf_counter() - t))
+                    found[name] += int(judge("squad-dev", harness, q, ranked, [], ranked)["first_stage_r100"])
+    finally:
+        staged.PRUNE_FACTOR = before
+    rows = {name: {"r100": round(100 * found[name] / len(questions), 2), "found": found[name],
+                   "median_ms": round(statistics.median(ms[name]), 2)} for name in systems}
+    bar = rows["plaid"]
+    fast = [s for s in RECALL_GRID if rows[_recall_name(s)]["median_ms"] <= RECALL_LATENCY_MARGIN * bar["median_ms"]]
+    best = min(fast, key=lambda s: (-rows[_recall_name(s)]["found"], rows[_recall_name(s)]["median_ms"]), default=None)
+    chosen = best if best is not None and rows[_recall_name(best)]["found"] >= bar["found"] else None
+    result = {"benchmark": "plaid-recall", "what": "choose top 100's candidate budget for R@100",
+              "model": encoder.source, "fingerprint": encoder.fingerprint()[:12], "threads": args.threads,
+              "beside": load_job or "nothing",
+              "data": f"SQuAD train, {len(questions)} questions (one per paragraph, seed {args.seed}) over the pool",
+              "rule": RECALL_RULE, "latency_margin": RECALL_LATENCY_MARGIN, "rows": rows,
+              "chosen": None if chosen is None else dict(zip(("nprobe", "per_hit", "prune_factor"), chosen)),
+              "settings_before": {**dict(ours.defaults._asdict()), "prune_factor": before}}
+    path = write_result(f"plaid-choose-recall-{encoder.fingerprint()[:12]}" + (f"-beside{args.beside}" if args.beside else ""),
+                        result, args.out, command_line("benchmarks.plaid", args.argv))
+    print(json.dumps(rows, indent=1), f"chosen: {result['chosen']}", "→", path)
+    if args.store and chosen is not None:
+        if chosen[2] != before:
+            raise SystemExit(f"error: the chosen prune factor {chosen[2]} is not a stored setting (the search's is {before})")
+        search = {**dict(ours.defaults._asdict()), "nprobe": chosen[0], "per_hit": chosen[1]}
+        print(f"stored with the model: {store_with_model(args.model, 'search', search)}")
+
+
 def time_systems(systems, questions, encoded, ours: Index, harness, args):
     """Every question through every system, alternately (the same machine state for all): per-question metrics,
     search ms at k = 100 (every question) and k = 10 (the first ``--latency-queries``), AGRaME's sentence top 10."""
@@ -259,8 +334,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--choose-budget", action="store_true",
                         help="instead of a dataset's rows: choose top 100's per_hit on SQuAD *train* beside PLAID "
                              "on the same questions, by the rule written down before (CHOOSE_RULE in this file)")
+    parser.add_argument("--choose-recall", action="store_true",
+                        help="instead of a dataset's rows: choose top 100's candidate budget (nprobe, per_hit, prune "
+                             "factor) on SQuAD *train* beside PLAID by gold R@100 and latency (RECALL_RULE in this file)")
     parser.add_argument("--store", action="store_true",
-                        help="with --choose-budget: write the chosen per_hit into the shipped model's settings")
+                        help="with --choose-budget / --choose-recall: write the choice into the shipped model's settings")
     args = parser.parse_args(argv)
     args.argv = list(argv if argv is not None else os.sys.argv[1:])
     import importlib.util
@@ -290,6 +368,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ours = Index(ours_path, model=encoder)
     if args.choose_budget:
         return choose_budget(args, vectors, ours, plaid_search(searcher))
+    if args.choose_recall:
+        return choose_recall(args, vectors, ours, plaid_search(searcher))
     all_questions = load_questions(args.dataset, vectors.pool)
     questions = sample(all_questions, args.limit, args.seed)
     harness = Harness("pool", vectors.pool.texts, vectors.spans)

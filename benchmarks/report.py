@@ -175,6 +175,15 @@ def _budget_rows(r: dict, part: dict) -> Iterable[dict]:
                f"not alone ({r['machine']['load']['other_processes_cpu_cores']} cores)"}
 
 
+def _recall_rows(r: dict, part: dict) -> Iterable[dict]:
+    chosen = r["chosen"] and "nprobe {nprobe} · per_hit {per_hit} · prune {prune_factor}".format(**r["chosen"])
+    for name, row in r["rows"].items():
+        yield {"name": f"**{name}** (chosen)" if name == chosen else name, **row,
+               "data": r["data"], "threads": r["threads"],
+               "load": "alone" if r["machine"]["load"]["alone"] else
+               f"not alone ({r['machine']['load']['other_processes_cpu_cores']} cores)"}
+
+
 def _openmp_rows(r: dict, part: dict) -> Iterable[dict]:
     for condition in r["conditions"]:
         load = condition["load"]
@@ -205,7 +214,7 @@ def _codec_rows(r: dict, part: dict) -> Iterable[dict]:
                "under": "yes" if row["bytes_per_original_token"] <= 20.0 else "no"}
 
 
-ROWS = {"codec_rows": _codec_rows, "verdict_rows": _verdict_rows, "openmp_rows": _openmp_rows, "budget_rows": _budget_rows, "serve_phases": _serve_phases, "read_verification_rows": _read_verification_rows, "suite_parts": _suite_parts, "e5_kinds": _e5_kinds,
+ROWS = {"codec_rows": _codec_rows, "verdict_rows": _verdict_rows, "openmp_rows": _openmp_rows, "budget_rows": _budget_rows, "recall_rows": _recall_rows, "serve_phases": _serve_phases, "read_verification_rows": _read_verification_rows, "suite_parts": _suite_parts, "e5_kinds": _e5_kinds,
         "export_formats": _export_formats, "plaid_systems": _plaid_systems, "pool_rows": _pool_rows}
 
 
@@ -405,7 +414,7 @@ RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     kind: {"open_domain": render_open_domain, "citation": render_citation}.get(kind, lambda rs, k=kind: render(k, rs))
     for kind in ("evidence", "open_domain", "cross_domain", "atomic_facts", "marker_choice", "speed", "segmentation",
                  "citation", "citation-latency", "teachers", "serve_load", "lifecycle", "fault", "hardening", "safety",
-                 "safety-suite", "read-verification", "plaid-budget", "recall_misses", "openmp_wait", "residual_codecs", "scale_out", "e5", "export_parity", "batch_search",
+                 "safety-suite", "read-verification", "plaid-budget", "plaid-recall", "recall_misses", "openmp_wait", "residual_codecs", "scale_out", "e5", "export_parity", "batch_search",
                  "pool_methods")}
 
 

@@ -472,3 +472,35 @@ def test_residual_codecs_reconstruct_as_the_index_codec_does():
         errors[spec.name] = float(np.mean(np.sum((got - vectors) ** 2, axis=1)))
         assert spec.bytes_per_token(16) == {"1-bit": 2, "2-bit": 4, "pq": 4}[spec.name]
     assert errors["2-bit"] < errors["1-bit"] and errors["pq"] < errors["1-bit"]
+
+
+def test_recall_misses_names_the_stage_that_drops_a_passage(tmp_path, tiny_encoder):
+    """benchmarks.recall_misses' stage attribution against the staged search itself: every candidate the search
+    scores exactly is "kept", every other passage is dropped at a named stage, and "stage 1" is exactly the
+    passages no probed centroid's list holds (a naive walk over the lists)."""
+    import numpy as np
+    import torch
+    from test_index import _synthetic, _unit
+
+    from agrame import scoring
+    from agrame.index import Index, build_compressed
+    from benchmarks.recall_misses import lost_at
+
+    items, corpus, rng = _synthetic(3, passages=160)
+    build_compressed(tiny_encoder, items, tmp_path / "ix", encoded=corpus, progress=False, store_offsets=True)
+    index = Index(tmp_path / "ix", model=tiny_encoder)
+    seen = set()
+    for _ in range(4):
+        q = torch.from_numpy(_unit(rng.normal(size=(5, 16))).astype(np.float32))
+        nprobe, ncandidates = 2, 6
+        chosen = set(index.candidates(q, nprobe, ncandidates).tolist())
+        cs = scoring.centroid_scores(q, torch.from_numpy(index.store.codec.centroids32))
+        probe = set(torch.topk(cs, nprobe, dim=1).indices.flatten().tolist())
+        ivf = index.store.ivf
+        listed = {int(p) for c in probe for p in ivf.pids[ivf.offsets[c]:ivf.offsets[c + 1]]}
+        stages = {p: lost_at(index, q, p, nprobe, ncandidates) for p in range(len(index.store))}
+        assert chosen <= {p for p, stage in stages.items() if stage == "kept"}
+        assert {p for p, stage in stages.items() if stage == "stage 1"} == set(range(len(index.store))) - listed
+        assert set(stages.values()) <= {"stage 1", "stage 2a", "stage 2b", "kept"}
+        seen |= set(stages.values())
+    assert seen == {"stage 1", "stage 2a", "stage 2b", "kept"}  # the corpus and budgets reach every stage

@@ -270,8 +270,8 @@ def test_cells_formats_and_missing_measures():
 def test_frontier_rows_show_the_same_index_on_the_reported_splits_at_the_shipped_budget():
     from benchmarks.report import Ctx, _frontier_split, _shipped_per_hit
 
-    shipped = _shipped_per_hit()  # the default model's per_hit (3), not the index format's 5
-    assert shipped == 3
+    shipped = _shipped_per_hit()  # the default model's per_hit (4), not the index format's 5
+    assert shipped == 4
 
     def run(dataset, per_hit, p1, nbits=2, fingerprint="abc", questions=2000):
         return {"dataset": dataset, "fingerprint": fingerprint, "search": {"per_hit": per_hit},
