@@ -313,7 +313,7 @@ def time_systems(systems, questions, encoded, ours: Index, harness, args):
     return per_question, times, sentence_ms
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="squad-a1", help="a model with a projection (colbert-ai needs one)")
     parser.add_argument("--dataset", default="nq-oracle", choices=("nq-oracle", "squad-dev"))
@@ -339,7 +339,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                              "factor) on SQuAD *train* beside PLAID by gold R@100 and latency (RECALL_RULE in this file)")
     parser.add_argument("--store", action="store_true",
                         help="with --choose-budget / --choose-recall: write the choice into the shipped model's settings")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = _parser()
     args = parser.parse_args(argv)
+    if args.limit is not None and args.limit < 1:
+        parser.error(f"--limit must be at least 1, got {args.limit}")
+    if args.choose_budget and args.choose_recall:
+        parser.error("--choose-budget and --choose-recall are two runs: give one")
     args.argv = list(argv if argv is not None else os.sys.argv[1:])
     import importlib.util
 
@@ -370,12 +379,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         return choose_budget(args, vectors, ours, plaid_search(searcher))
     if args.choose_recall:
         return choose_recall(args, vectors, ours, plaid_search(searcher))
+    dataset_rows(args, vectors, ours, ours_path, plaid_search(searcher), {**info, "index_bytes": size}, agree, tokens)
+
+
+def dataset_rows(args, vectors: PoolVectors, ours: Index, ours_path: Path, plaid, info: dict, agree, tokens: int) -> None:
+    """The side by side on ``args.dataset``: PLAID (``info``: its build and ``index_bytes``; ``agree``: the model's
+    parity in colbert-ai), AGRaME at its budget and at PLAID's, every question."""
+    encoder = vectors.encoder
+    tag = encoder.fingerprint()[:12]
     all_questions = load_questions(args.dataset, vectors.pool)
     questions = sample(all_questions, args.limit, args.seed)
     harness = Harness("pool", vectors.pool.texts, vectors.spans)
     encoded = encode_queries(encoder, [q.text for q in questions])
-
-    plaid = plaid_search(searcher)
 
     def agrame(q: torch.Tensor, k: int) -> List[int]:
         return [int(h.passage_id) for h in ours.search_vectors(q, None, "passage", k, per_hit=args.per_hit)]
@@ -402,7 +417,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
               "sample": {"questions": len(questions), "of": len(all_questions),
                          "seed": args.seed if args.limit else None},
               "systems": {
-                  "plaid": {**info, "index_bytes": size, "bytes_per_token": round(size / tokens, 2),
+                  "plaid": {**info, "bytes_per_token": round(info["index_bytes"] / tokens, 2),
                             "metrics": summarize(per_question["plaid"]),
                             "search_ms_k10": stats(times["plaid"][10]), "search_ms_k100": stats(times["plaid"][100]),
                             "settings": "colbert-ai's defaults per k (k=10: ncells 1, threshold 0.5, ndocs 256; "

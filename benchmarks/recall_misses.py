@@ -22,7 +22,6 @@ import json
 from typing import List, Optional, Sequence
 
 import numpy as np
-
 import torch
 from tqdm.auto import tqdm
 

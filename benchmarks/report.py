@@ -166,13 +166,17 @@ def _read_verification_rows(r: dict, part: dict) -> Iterable[dict]:
            "load": f"{r['load_average_before'][0]}, {r['load_average_after'][0]}{alone}"}
 
 
+def _alone(r: dict) -> str:
+    load = r["machine"]["load"]
+    return "alone" if load["alone"] else f"not alone ({load['other_processes_cpu_cores']} cores)"
+
+
 def _budget_rows(r: dict, part: dict) -> Iterable[dict]:
     for name, row in r["rows"].items():
         chosen = name == f"per_hit {r['chosen_per_hit']}"
         yield {"name": f"**{name}** (chosen)" if chosen else name, **row,
                "data": r["data"], "threads": r["threads"],
-               "load": "alone" if r["machine"]["load"]["alone"] else
-               f"not alone ({r['machine']['load']['other_processes_cpu_cores']} cores)"}
+               "load": _alone(r)}
 
 
 def _recall_rows(r: dict, part: dict) -> Iterable[dict]:
@@ -180,8 +184,7 @@ def _recall_rows(r: dict, part: dict) -> Iterable[dict]:
     for name, row in r["rows"].items():
         yield {"name": f"**{name}** (chosen)" if name == chosen else name, **row,
                "data": r["data"], "threads": r["threads"],
-               "load": "alone" if r["machine"]["load"]["alone"] else
-               f"not alone ({r['machine']['load']['other_processes_cpu_cores']} cores)"}
+               "load": _alone(r)}
 
 
 def _openmp_rows(r: dict, part: dict) -> Iterable[dict]:
