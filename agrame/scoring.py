@@ -42,6 +42,10 @@ def centroid_scores(queries: torch.Tensor, centroids: torch.Tensor) -> torch.Ten
 
 
 def _query_sum(per_token_max: torch.Tensor, query_mask: torch.Tensor | None) -> torch.Tensor:
+    # Summed along contiguous rows: over a transposed view ([Lq, R].T, a compiled run max's) torch picks its
+    # reduction order by R, so a passage's score would move by an ulp with how the corpus is chunked (seen
+    # on an AMD EPYC: 4 passages at once vs 2 and 2); a contiguous row is summed alike for any R.
+    per_token_max = per_token_max.contiguous()
     if query_mask is None:
         return per_token_max.sum(dim=-1)
     # Query-side masking is a sum, so a 0 contributes nothing; torch.where keeps −inf
