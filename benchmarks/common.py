@@ -30,10 +30,24 @@ def data_dir() -> Path:
         sys.exit(f"error: {exc}")
 
 
+def cpu_model() -> str:
+    """The CPU's name (/proc/cpuinfo's "model name"; platform.processor() elsewhere): float32 results can move by
+    an ulp between CPUs (issue 64's two-thread test passed on one and not on an AMD EPYC), latencies more."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def machine() -> dict:
     import torch
-    return {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "python": platform.python_version(), "torch": torch.__version__, "load": machine_load()}
+    return {"platform": platform.platform(), "cpu": cpu_model(), "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "python": platform.python_version(), "torch": torch.__version__,
+            "load": machine_load()}
 
 
 def _cpu_seconds() -> Tuple[float, float]:

@@ -383,7 +383,8 @@ def test_a_result_says_what_else_ran_beside_it(monkeypatch, tmp_path, capsys):
     load = common.machine_load()
     assert load["other_processes_cpu_cores"] == 1.2 and load["seconds"] == 5.0 and load["alone"] is False
     out = common.write_result("x", {"a": 1}, str(tmp_path / "x.json"), "cmd")
-    assert json.loads(out.read_text())["machine"]["load"]["alone"] is False
+    record = json.loads(out.read_text())["machine"]
+    assert record["load"]["alone"] is False and record["cpu"] == common.cpu_model() != "unknown"
     assert "not alone" in capsys.readouterr().err
     monkeypatch.setattr(common, "_cpu_seconds", lambda: (55.0, 24.0))  # 5 s busy, 4 of them its own: 0.2 cores
     assert common.machine_load()["alone"] is True
