@@ -121,8 +121,14 @@ def build(vectors: PoolVectors, nbits: int, overwrite: bool = False, pool_factor
     the cached vectors unless cached itself."""
     path = vectors.index_path(nbits, pool_factor)
     start = time.perf_counter()
-    if path.exists() and offsets_stored(read_manifest(path)):
-        overwrite = True  # cached before token offsets were recomputed at search time: not today's layout
+    if path.exists():
+        manifest = read_manifest(path)
+        if offsets_stored(manifest):
+            overwrite = True  # cached before token offsets were recomputed at search time: not today's layout
+        elif manifest.get("search") != vectors.encoder.settings.search:
+            # built before the model's budgets were re-chosen (issue 64's per_hit 3 → 4): a build with the model
+            # today records its settings, and "default settings" in a result must mean those
+            overwrite = True
     if not path.exists() or overwrite:  # the pool's vectors are loaded only to build
         corpus = vectors.corpus()
         passages = [Passage(str(i), t) for i, t in enumerate(vectors.pool.texts)]

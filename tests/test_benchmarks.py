@@ -505,3 +505,25 @@ def test_recall_misses_names_the_stage_that_drops_a_passage(tmp_path, tiny_encod
         assert set(stages.values()) <= {"stage 1", "stage 2a", "stage 2b", "kept"}
         seen |= set(stages.values())
     assert seen == {"stage 1", "stage 2a", "stage 2b", "kept"}  # the corpus and budgets reach every stage
+
+
+def test_a_cached_pool_index_is_rebuilt_when_the_models_budgets_change(tmp_path, tiny_encoder):
+    # The cache is named by the model's weights, not its settings: an index cached before the model's budgets
+    # were re-chosen (issue 64: per_hit 3 → 4) kept the old ones, and "default settings" in results meant them.
+    from agrame.index import read_manifest
+    from benchmarks import index_search
+    from benchmarks.data import load_pool, restrict_pool
+
+    pool, _ = restrict_pool(load_pool(), [0], 12, 0)
+    paths, created = [], []
+    for per_hit in (3, 4, 4):
+        folder = tmp_path / f"m{per_hit}"
+        if not folder.exists():
+            tiny_encoder.with_settings(search={"nprobe": 2, "ncandidates": 8, "per_hit": per_hit}).save(folder)
+        path, _ = index_search.build(index_search.PoolVectors(str(folder), pool), 2)
+        manifest = read_manifest(path)
+        assert manifest["search"]["per_hit"] == per_hit
+        paths.append(path)
+        created.append((manifest["created"], manifest["generation"], (path / "manifest.json").stat().st_mtime_ns))
+    assert paths[0] == paths[1] == paths[2]  # one cache entry: the settings are not in its name
+    assert created[1] == created[2] != created[0]  # rebuilt once, then reused
