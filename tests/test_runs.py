@@ -101,11 +101,12 @@ def test_cli_batch_search_to_a_run_and_evaluate(tmp_path, index, tiny_model_dir,
     run = tmp_path / "out.trec"
     assert main(["search", "-i", str(ix), "--queries", str(queries), "--run", str(run), "-g", "passage",
                  "-k", "20"]) == 0
-    assert len(read_run(run)) == 5
-    top = {qid: max(docs, key=docs.get) for qid, docs in read_run(run).items()}
+    ranked = read_run(run)
+    assert len(ranked) == 5
+    top = {qid: max(docs, key=docs.get) for qid, docs in ranked.items()}
     # Evaluators order equal scores their own way (trec_eval by docid, descending), whatever the rank column
     # says, so the run's top must be alone at the top for its qrels to give P@1 = 1.
-    assert all(sorted(docs.values())[-1] > sorted(docs.values())[-2] for docs in read_run(run).values())
+    assert all(sorted(docs.values())[-1] > sorted(docs.values())[-2] for docs in ranked.values())
     qrels = tmp_path / "q.qrels"
     qrels.write_text("".join(f"{qid} 0 {doc} 1\n" for qid, doc in top.items()))
     capsys.readouterr()
