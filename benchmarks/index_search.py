@@ -28,7 +28,7 @@ import shutil
 import statistics
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -203,6 +203,56 @@ def single_vector_rankings(queries: np.ndarray, passages: np.ndarray, sentences:
     return out
 
 
+def _single_vector_ranker(args, pool: Pool, questions) -> Tuple[Callable, Harness, dict, float]:
+    """Every question ranked up front by single vectors; the seconds are the search's alone."""
+    harness = Harness("pool", pool.texts, pool_sentences(pool))
+    sv = SingleVectorEncoder(args.baseline_model)
+    query_vectors = sv.encode_queries([q.text for q in questions])
+    passage_vectors = single_vectors(harness.texts, "sv-pool", sv)
+    sentence_vectors = single_vectors(harness.sentences, "sv-sentences", sv)
+    start = time.perf_counter()
+    ranked = single_vector_rankings(query_vectors, passage_vectors, sentence_vectors)
+    search_seconds = time.perf_counter() - start
+    info = {"model": f"{args.baseline_model or 'all-MiniLM-L6-v2'} mean pooling", "fingerprint": sv.fingerprint(),
+            "first_stage": "exhaustive dot product over single vectors (passages and sentences encoded alone)"}
+    return ranked.__getitem__, harness, info, search_seconds
+
+
+def _multi_vector_ranker(args, pool: Pool, questions) -> Tuple[Callable, Harness, dict, float]:
+    """A question's rankings by the float16 exact scan (``exact``) or the compressed index (``agrame``)."""
+    vectors = PoolVectors(args.model, pool)
+    encoder = vectors.encoder
+    harness = Harness("pool", pool.texts, vectors.spans)
+    alpha = encoder.settings.alpha if args.alpha is None else args.alpha
+    encoded = encode_queries(encoder, [q.text for q in questions])
+    info = {"model": encoder.source, "fingerprint": encoder.fingerprint()[:12], "alpha": alpha}
+    if args.first_stage == "exact":
+        corpus = vectors.corpus(float32=True)
+        info["first_stage"] = "exhaustive exact scan (float16 vectors)"
+        return (lambda k: exact_rankings(*encoded[k], corpus, alpha)), harness, info, 0.0
+    path, _ = build(vectors, args.nbits, pool_factor=args.pool_factor)
+    index = Index(path, model=encoder)
+    settings = SearchSettings(args.nprobe or index.defaults.nprobe, args.ncandidates or index.defaults.ncandidates,
+                              args.per_hit or index.defaults.per_hit)
+    info.update({"first_stage": f"agrame compressed index, {_bits(args.nbits)} residuals"
+                                + (f", tokens pooled by {args.pool_factor:g}" if args.pool_factor != 1 else ""),
+                 "pool_factor": args.pool_factor, "search": settings._asdict(),
+                 "num_centroids": index.store.codec.num_centroids})
+    rank = lambda k: index_rankings(index, *encoded[k], alpha, settings, harness.sent_starts,  # noqa: E731
+                                    vectors.spans)
+    return rank, harness, info, 0.0
+
+
+def _pair_with_exact(result: dict, args, questions, per_question, rankings: dict) -> None:
+    """Paired with the float16 exact scan where it ran (a sample: it costs ~2 s per question)."""
+    for exact_file in _exact_rankings_files(args.dataset, getattr(args, "tag", None)):
+        exact = json.loads(exact_file.read_text())
+        result["agreement_with_exact"] = {"exact_run": exact_file.name.replace("-rankings.json", ""),
+                                          **agreement(rankings, exact)}
+        paired = [m for q, m in zip(questions, per_question) if q.qid in exact]
+        result["metrics_on_exact_sample"] = summarize(paired)
+
+
 def cmd_run(args) -> None:
     if args.first_stage == "single-vector" and args.model:
         raise SystemExit("error: --first-stage single-vector takes --baseline-model, not --model")
@@ -215,44 +265,8 @@ def cmd_run(args) -> None:
         pool, remap = restrict_pool(pool, [q.gold_passage for q in questions], args.pool_limit, args.seed)
         for q in questions:
             q.gold_passage = remap[q.gold_passage]
-    info: Dict = {}
-    if args.first_stage == "single-vector":
-        harness = Harness("pool", pool.texts, pool_sentences(pool))
-        sv = SingleVectorEncoder(args.baseline_model)
-        query_vectors = sv.encode_queries([q.text for q in questions])
-        passage_vectors = single_vectors(harness.texts, "sv-pool", sv)
-        sentence_vectors = single_vectors(harness.sentences, "sv-sentences", sv)
-        start = time.perf_counter()
-        ranked = single_vector_rankings(query_vectors, passage_vectors, sentence_vectors)
-        search_seconds = time.perf_counter() - start
-        rank = ranked.__getitem__
-        info.update({"model": f"{args.baseline_model or 'all-MiniLM-L6-v2'} mean pooling",
-                     "fingerprint": sv.fingerprint(),
-                     "first_stage": "exhaustive dot product over single vectors (passages and sentences encoded alone)"})
-    else:
-        vectors = PoolVectors(args.model, pool)
-        encoder = vectors.encoder
-        harness = Harness("pool", pool.texts, vectors.spans)
-        alpha = encoder.settings.alpha if args.alpha is None else args.alpha
-        encoded = encode_queries(encoder, [q.text for q in questions])
-        info.update({"model": encoder.source, "fingerprint": encoder.fingerprint()[:12], "alpha": alpha})
-        if args.first_stage == "exact":
-            corpus = vectors.corpus(float32=True)
-            rank = lambda k: exact_rankings(*encoded[k], corpus, alpha)  # noqa: E731
-            info["first_stage"] = "exhaustive exact scan (float16 vectors)"
-        else:
-            path, _ = build(vectors, args.nbits, pool_factor=args.pool_factor)
-            index = Index(path, model=encoder)
-            settings = SearchSettings(args.nprobe or index.defaults.nprobe,
-                                      args.ncandidates or index.defaults.ncandidates,
-                                      args.per_hit or index.defaults.per_hit)
-            rank = lambda k: index_rankings(index, *encoded[k], alpha, settings, harness.sent_starts,  # noqa: E731
-                                            vectors.spans)
-            info.update({"first_stage": f"agrame compressed index, {_bits(args.nbits)} residuals"
-                                        + (f", tokens pooled by {args.pool_factor:g}" if args.pool_factor != 1 else ""),
-                         "pool_factor": args.pool_factor,
-                         "search": settings._asdict(), "num_centroids": index.store.codec.num_centroids})
-        search_seconds = 0.0
+    ranker = _single_vector_ranker if args.first_stage == "single-vector" else _multi_vector_ranker
+    rank, harness, info, search_seconds = ranker(args, pool, questions)
     per_question, rankings = [], {}
     start = time.perf_counter()
     for k, q in enumerate(tqdm(questions, desc=f"{args.dataset} {args.first_stage}", disable=None)):
@@ -276,13 +290,7 @@ def cmd_run(args) -> None:
         "threads": torch.get_num_threads(),
     }
     if args.first_stage == "agrame":
-        # Paired with the float16 exact scan where it ran (a sample: it costs ~2 s per question).
-        for exact_file in _exact_rankings_files(args.dataset, getattr(args, "tag", None)):
-            exact = json.loads(exact_file.read_text())
-            result["agreement_with_exact"] = {"exact_run": exact_file.name.replace("-rankings.json", ""),
-                                              **agreement(rankings, exact)}
-            paired = [m for q, m in zip(questions, per_question) if q.qid in exact]
-            result["metrics_on_exact_sample"] = summarize(paired)
+        _pair_with_exact(result, args, questions, per_question, rankings)
     path = write_result(_tagged(name, args), result, args.out, command_line("benchmarks.index_search", ["run", *args.argv]))
     print(f"{args.dataset} {args.first_stage}: {result['metrics']} → {path}")
 
@@ -387,6 +395,62 @@ def store_with_model(model: Optional[str], field: str, value) -> Path:
     return path
 
 
+def _compressed_reference(index: Index, path: Path, questions, encoded, alpha: float, limit: int, seed: int) -> dict:
+    """The exhaustive scan of the index's own compressed vectors (cached per index, sample and seed)."""
+    ref_file = cache_root() / f"choose-compressed-{path.name}-{limit}-{seed}.json"
+    if ref_file.exists():
+        return json.loads(ref_file.read_text())
+    reference = {}
+    for q, (qv, sv) in tqdm(list(zip(questions, encoded)), desc="exhaustive compressed", disable=None):
+        p, s = compressed_exhaustive(index, qv, sv, alpha)
+        reference[q.qid] = {"passages": p, "sentences": s}
+    ref_file.write_text(json.dumps(reference))
+    return reference
+
+
+def _choose_row(index: Index, nprobe: int, ncand: int, questions, encoded, sentence_ids, reference: dict,
+                float16: dict) -> dict:
+    """One grid point: agreement with both scans and median latencies (sentence top 10, passage top 100)."""
+    s_ms, p_ms, same_s, same_s16, ov, ov16 = [], [], [], [], [], []
+    for q, (qv, sv) in zip(questions, encoded):
+        t = time.perf_counter()
+        sents = index.search_vectors(qv, sv, "sentence", 10, nprobe=nprobe, ncandidates=ncand, per_hit=1)
+        s_ms.append(1000 * (time.perf_counter() - t))
+        t = time.perf_counter()
+        psgs = index.search_vectors(qv, sv, "passage", PASSAGE_K, nprobe=nprobe, ncandidates=ncand, per_hit=1)
+        p_ms.append(1000 * (time.perf_counter() - t))
+        top_s = sentence_ids(sents[:1])
+        same_s.append(float(top_s == reference[q.qid]["sentences"][:1]))
+        same_s16.append(float(top_s == float16[q.qid]["sentences"][:1]))
+        ranked = [int(h.passage_id) for h in psgs]
+        ov.append(_overlap(ranked, reference[q.qid]["passages"]))
+        ov16.append(_overlap(ranked, float16[q.qid]["passages"]))
+    return {"nprobe": nprobe, "ncandidates": ncand,
+            "same_top1_sentence_vs_compressed_scan": round(100 * statistics.fmean(same_s), 1),
+            "same_top1_sentence_vs_float16": round(100 * statistics.fmean(same_s16), 1),
+            "top100_overlap_vs_compressed_scan": round(100 * statistics.fmean(ov), 2),
+            "top100_overlap_vs_float16": round(100 * statistics.fmean(ov16), 2),
+            "median_ms_sentence_top10": round(statistics.median(s_ms), 1),
+            "median_ms_passage_top100": round(statistics.median(p_ms), 1)}
+
+
+CHOOSE_RULE = ("sentence top 10: cheapest with the same top sentence as the exhaustive compressed scan on "
+               "≥ 99% of questions; passage top 100: cheapest with ≥ 97% overlap with that scan "
+               "(per_hit = its ncandidates / 100); nprobe = the larger of the two")
+
+
+def choose_settings(rows: Sequence[dict]) -> Tuple[Optional[dict], Optional[dict], Optional[dict]]:
+    """``CHOOSE_RULE`` over the grid's rows: (sentence row, passage row, chosen settings or None)."""
+    ok_s = [r for r in rows if r["same_top1_sentence_vs_compressed_scan"] >= 99]
+    ok_p = [r for r in rows if r["top100_overlap_vs_compressed_scan"] >= 97]
+    best_s = min(ok_s, key=lambda r: r["median_ms_sentence_top10"]) if ok_s else None
+    best_p = min(ok_p, key=lambda r: r["median_ms_passage_top100"]) if ok_p else None
+    if not (best_s and best_p):
+        return best_s, best_p, None
+    return best_s, best_p, {"nprobe": max(best_s["nprobe"], best_p["nprobe"]), "ncandidates": best_s["ncandidates"],
+                            "per_hit": max(1, best_p["ncandidates"] // PASSAGE_K)}
+
+
 def cmd_choose(args) -> None:
     """nprobe / ncandidates / per_hit on SQuAD *train* questions (never a reported split).
 
@@ -405,15 +469,7 @@ def cmd_choose(args) -> None:
     questions, encoded = every[:args.limit], encoded[:args.limit]
     path, _ = build(vectors, args.nbits, pool_factor=args.pool_factor)
     index = Index(path, model=encoder)
-    ref_file = cache_root() / f"choose-compressed-{path.name}-{args.limit}-{args.seed}.json"
-    if ref_file.exists():
-        reference = json.loads(ref_file.read_text())
-    else:
-        reference = {}
-        for q, (qv, sv) in tqdm(list(zip(questions, encoded)), desc="exhaustive compressed", disable=None):
-            p, s = compressed_exhaustive(index, qv, sv, alpha)
-            reference[q.qid] = {"passages": p, "sentences": s}
-        ref_file.write_text(json.dumps(reference))
+    reference = _compressed_reference(index, path, questions, encoded, alpha, args.limit, args.seed)
     harness = Harness("pool", vectors.pool.texts, vectors.spans)
 
     def sentence_ids(hits):
@@ -423,47 +479,16 @@ def cmd_choose(args) -> None:
     rows = []
     for nprobe in CHOOSE_GRID["nprobe"]:
         for ncand in CHOOSE_GRID["ncandidates"]:
-            s_ms, p_ms, same_s, same_s16, ov, ov16 = [], [], [], [], [], []
-            for q, (qv, sv) in zip(questions, encoded):
-                t = time.perf_counter()
-                sents = index.search_vectors(qv, sv, "sentence", 10, nprobe=nprobe, ncandidates=ncand, per_hit=1)
-                s_ms.append(1000 * (time.perf_counter() - t))
-                t = time.perf_counter()
-                psgs = index.search_vectors(qv, sv, "passage", PASSAGE_K, nprobe=nprobe, ncandidates=ncand, per_hit=1)
-                p_ms.append(1000 * (time.perf_counter() - t))
-                top_s = sentence_ids(sents[:1])
-                same_s.append(float(top_s == reference[q.qid]["sentences"][:1]))
-                same_s16.append(float(top_s == float16[q.qid]["sentences"][:1]))
-                ranked = [int(h.passage_id) for h in psgs]
-                ov.append(_overlap(ranked, reference[q.qid]["passages"]))
-                ov16.append(_overlap(ranked, float16[q.qid]["passages"]))
-            row = {"nprobe": nprobe, "ncandidates": ncand,
-                   "same_top1_sentence_vs_compressed_scan": round(100 * statistics.fmean(same_s), 1),
-                   "same_top1_sentence_vs_float16": round(100 * statistics.fmean(same_s16), 1),
-                   "top100_overlap_vs_compressed_scan": round(100 * statistics.fmean(ov), 2),
-                   "top100_overlap_vs_float16": round(100 * statistics.fmean(ov16), 2),
-                   "median_ms_sentence_top10": round(statistics.median(s_ms), 1),
-                   "median_ms_passage_top100": round(statistics.median(p_ms), 1)}
-            rows.append(row)
-            print(row, flush=True)
-    ok_s = [r for r in rows if r["same_top1_sentence_vs_compressed_scan"] >= 99]
-    ok_p = [r for r in rows if r["top100_overlap_vs_compressed_scan"] >= 97]
-    best_s = min(ok_s, key=lambda r: r["median_ms_sentence_top10"]) if ok_s else None
-    best_p = min(ok_p, key=lambda r: r["median_ms_passage_top100"]) if ok_p else None
-    chosen = None
-    if best_s and best_p:
-        chosen = {"nprobe": max(best_s["nprobe"], best_p["nprobe"]), "ncandidates": best_s["ncandidates"],
-                  "per_hit": max(1, best_p["ncandidates"] // PASSAGE_K)}
+            rows.append(_choose_row(index, nprobe, ncand, questions, encoded, sentence_ids, reference, float16))
+            print(rows[-1], flush=True)
+    best_s, best_p, chosen = choose_settings(rows)
     ref_sizes = {"exhaustive_compressed_vs_float16_top100_overlap": round(100 * statistics.fmean(
         _overlap(reference[q.qid]["passages"], float16[q.qid]["passages"]) for q in questions), 2),
         "exhaustive_compressed_vs_float16_same_top1_sentence": round(100 * statistics.fmean(
             float(reference[q.qid]["sentences"][:1] == float16[q.qid]["sentences"][:1]) for q in questions), 1)}
     result = {"benchmark": "index_search", "what": "choose nprobe/ncandidates", "model": encoder.source,
               "data": f"SQuAD train, {len(questions)} questions (one per paragraph, seed {args.seed})",
-              "nbits": args.nbits, "threads": torch.get_num_threads(),
-              "rule": "sentence top 10: cheapest with the same top sentence as the exhaustive compressed scan on "
-                      "≥ 99% of questions; passage top 100: cheapest with ≥ 97% overlap with that scan "
-                      "(per_hit = its ncandidates / 100); nprobe = the larger of the two",
+              "nbits": args.nbits, "threads": torch.get_num_threads(), "rule": CHOOSE_RULE,
               "codec_only": ref_sizes, "grid": rows, "chosen_sentence": best_s, "chosen_passage": best_p,
               "chosen": chosen}
     out = write_result(_tagged(f"index_search-choose-{_bits(args.nbits)}", args), result, None,
@@ -1080,9 +1105,8 @@ class _SyntheticModel:
                 for t in texts]
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="cmd", required=True)
+def _add_search_commands(sub) -> None:
+    """The compressed index's commands: build, run, choose, latency, engine, stages, frontier, scale."""
     b = sub.add_parser("build", help="compress the cached pool encodings and report sizes")
     b.add_argument("--nbits", type=codec_arg, nargs="+", default=[2, 4])
     b.add_argument("--overwrite", action="store_true")
@@ -1144,6 +1168,10 @@ def main(argv=None) -> None:
         p.add_argument("--model", default=None, help="multi-vector model (default: the package default)")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--tag", default=None, help="label of the model (kept in result file names, e.g. zeroshot)")
+
+
+def _add_pooling_commands(sub) -> None:
+    """Token pooling's commands and the build-time comparison of models."""
     po = sub.add_parser("pooling", help="token pooling's frontier: pool factors x residual bits on SQuAD train, "
                                         "and the shipped factor by its rule")
     po.add_argument("--factors", type=_factor, nargs="+", default=list(POOL_FACTORS))
@@ -1172,6 +1200,13 @@ def main(argv=None) -> None:
     bt.add_argument("--pool-limit", type=int, default=None, help="smoke tests only: this many pool passages")
     bt.add_argument("--pool-factors", type=_factor, nargs="+", default=[1],
                     help="token pooling of each model's index (agrame.pooling): one row per model and factor")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    _add_search_commands(sub)
+    _add_pooling_commands(sub)
     args = parser.parse_args(argv)
     args.argv = list(argv[1:] if argv is not None else os.sys.argv[2:])  # the arguments after the subcommand
     {"build": cmd_build, "run": cmd_run, "choose": cmd_choose, "latency": cmd_latency,
