@@ -113,12 +113,26 @@ def cmd_build(args) -> None:
 # -- sharded search -------------------------------------------------------------------------------
 
 
+def _same_codec_and_budgets(sharded: Path, base: Path) -> bool:
+    """Whether a cached sharded index still holds the single index's codec and search budgets: the cache is
+    named by the model's weights, and ``build`` rebuilds the single index when the model's budgets change
+    (issue 64), so shards kept from before would compare another codec or budget with it."""
+    want = read_manifest(base)
+    for name in json.loads((sharded / "shards.json").read_text())["shards"]:
+        shard = read_manifest(sharded / name)
+        if shard.get("search") != want.get("search") or any(
+                shard["files"].get(f) != want["files"].get(f) for f in ("centroids.f16", "buckets.f32")):
+            return False
+    return True
+
+
 def sharded_pool(vectors: PoolVectors, shards: int) -> Path:
     """The pool index split into ``shards`` shards (its codec, the cached vectors), cached."""
     base, _ = build(vectors, 2)
     path = cache_root() / f"{base.name}-sharded{shards}"
-    if path.exists():
+    if path.exists() and _same_codec_and_budgets(path, base):
         return path
+    shutil.rmtree(path, ignore_errors=True)
     codec = Index(base, model=vectors.encoder).store.codec
     corpus = vectors.corpus()
     tmp = path.parent / f".{path.name}.tmp"
@@ -203,6 +217,7 @@ def cmd_search(args) -> None:
                  for g in ("sentence", "passage")}
     result = {"benchmark": "scale_out", "what": "sharded search vs the single pool index",
               "corpus": "pooled corpus", "passages": len(single), "model": vectors.encoder.source, "nbits": 2,
+              "search": single.defaults._asdict(),  # the shards' too: built with the same model (sharded_pool)
               "queries": f"{len(queries)} squad-dev questions (seed {args.seed}); exact-mode check on the first "
                          f"{len(exact_queries)}", "threads": args.threads,
               "timing": "after one untimed pass over the queries per index and granularity; every index's search "

@@ -352,6 +352,28 @@ def test_index_search_run_records_the_per_hit_it_searched_with(tmp_path, tiny_mo
     assert "--per-hit 1" in runs["ph1"]["command"]
 
 
+def test_choose_settings_takes_the_cheapest_row_that_meets_each_bar():
+    # The rule of `index_search choose` on hand-made rows: the sentence bar (≥ 99% same top sentence) and
+    # the passage bar (≥ 97% top-100 overlap) each pick their cheapest qualifying row; nprobe is the larger
+    # of the two, ncandidates the sentence row's, per_hit the passage row's ncandidates / 100.
+    from benchmarks.index_search import choose_settings
+
+    def row(nprobe, ncand, same_s, overlap, s_ms, p_ms):
+        return {"nprobe": nprobe, "ncandidates": ncand, "same_top1_sentence_vs_compressed_scan": same_s,
+                "top100_overlap_vs_compressed_scan": overlap, "median_ms_sentence_top10": s_ms,
+                "median_ms_passage_top100": p_ms}
+
+    rows = [row(2, 128, 98.9, 90.0, 1.0, 5.0),    # fastest, but under both bars
+            row(2, 256, 99.0, 96.9, 2.0, 6.0),    # the sentence choice: at its bar exactly
+            row(4, 256, 99.5, 97.0, 3.0, 7.0),    # the passage choice: at its bar exactly
+            row(8, 1024, 100.0, 99.0, 9.0, 20.0)]
+    best_s, best_p, chosen = choose_settings(rows)
+    assert best_s is rows[1] and best_p is rows[2]
+    assert chosen == {"nprobe": 4, "ncandidates": 256, "per_hit": 2}
+    assert choose_settings(rows[:2]) == (rows[1], None, None)
+    assert choose_settings([row(8, 64, 100.0, 99.0, 1.0, 1.0)])[2]["per_hit"] == 1  # never below 1
+
+
 def test_a_sample_naming_most_of_the_pool_encodes_the_whole_pool(tmp_path, monkeypatch, tiny_model_dir):
     # A sample's candidates get a cache of their own only while they are a small part of the pool; most of
     # it is encoded as the whole pool, the cache the full-protocol benchmarks after it read.
@@ -527,3 +549,66 @@ def test_a_cached_pool_index_is_rebuilt_when_the_models_budgets_change(tmp_path,
         created.append((manifest["created"], manifest["generation"], (path / "manifest.json").stat().st_mtime_ns))
     assert paths[0] == paths[1] == paths[2]  # one cache entry: the settings are not in its name
     assert created[1] == created[2] != created[0]  # rebuilt once, then reused
+
+
+def test_cached_shards_are_rebuilt_when_the_single_indexs_budgets_change(tmp_path, tiny_encoder):
+    # scale_out's sharded caches are named after the single pool index: once `build` rebuilt that with the
+    # model's new budgets, shards kept from before searched at the old ones beside it.
+    from agrame.index import read_manifest
+    from benchmarks import index_search, scale_out
+    from benchmarks.data import load_pool, restrict_pool
+
+    pool, _ = restrict_pool(load_pool(), [0], 12, 0)
+    seen = []
+    for per_hit in (3, 4, 4):
+        folder = tmp_path / f"m{per_hit}"
+        if not folder.exists():
+            tiny_encoder.with_settings(search={"nprobe": 2, "ncandidates": 8, "per_hit": per_hit}).save(folder)
+        path = scale_out.sharded_pool(index_search.PoolVectors(str(folder), pool), 2)
+        shards = [read_manifest(path / f"shard-00{s}") for s in range(2)]
+        assert [m["search"]["per_hit"] for m in shards] == [per_hit, per_hit]
+        seen.append((path, shards[0]["created"], (path / "shards.json").stat().st_mtime_ns))
+    assert seen[0][0] == seen[1][0] == seen[2][0]
+    assert seen[1] == seen[2] != seen[0]  # rebuilt once, then reused
+
+
+def test_against_commit_runs_both_codes_alternately_and_leaves_both_trees_results(tmp_path, monkeypatch):
+    # The earlier code runs from a worktree of its commit with a cache whose encodings are links to this
+    # cache's (what it builds, it builds itself); each side's result files are as they were afterwards.
+    import subprocess
+
+    from benchmarks import against_commit, common
+    from benchmarks.encodings import cache_root
+
+    if subprocess.run(["git", "-C", str(common.REPO), "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.fail("the tests run in a git checkout (CI clones the repository)")
+    (cache_root() / "colbert-pool-x").mkdir(parents=True)
+    (cache_root() / "index-pool-x-2b").mkdir()
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    results = common.REPO / "benchmarks" / "results"
+    before = sorted(p.name for p in results.glob("*.json"))
+    against_commit.main(["--commit", "HEAD", "--metric", "search.median_ms", "--rounds", "1", "--name", "ab",
+                         "--", "index_search", "scale", "--tokens", "2e4", "--queries", "2", "--threads", "1"])
+    r = json.loads((tmp_path / "results" / "ab.json").read_text())
+    assert [run["side"] for run in r["runs"]] == ["commit", "this", "this", "commit"]
+    assert all(run["value"] > 0 for run in r["runs"])
+    head = subprocess.run(["git", "-C", str(common.REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert r["commits"]["commit"] == r["commits"]["this"] == head.stdout.strip()
+    assert r["ratio_this_over_commit"] == round(r["median"]["this"] / r["median"]["commit"], 3)
+    assert sorted(p.name for p in results.glob("*.json")) == before
+    sha = r["commits"]["commit"][:12]
+    theirs = cache_root() / f"against-{sha}"
+    assert (theirs / "colbert-pool-x").is_symlink() and not (theirs / "index-pool-x-2b").exists()
+    tree = cache_root() / f"worktree-{sha}"
+    assert not sorted(p.name for p in (tree / "benchmarks" / "results").glob("index_search-scale-2*"))
+    subprocess.run(["git", "-C", str(common.REPO), "worktree", "remove", "--force", str(tree)], check=True)
+
+
+def test_against_commit_refuses_what_it_cannot_run(capsys):
+    from benchmarks import against_commit
+
+    with pytest.raises(SystemExit, match="is not a commit"):
+        against_commit.main(["--commit", "no-such-rev", "--metric", "x", "--", "index_search", "scale"])
+    with pytest.raises(SystemExit) as exc:
+        against_commit.main(["--commit", "HEAD", "--metric", "x"])
+    assert exc.value.code == 2 and "give the command after --" in capsys.readouterr().err
