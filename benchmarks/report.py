@@ -418,7 +418,7 @@ RENDERERS: Dict[str, Callable[[List[dict]], str]] = {
     for kind in ("evidence", "open_domain", "cross_domain", "atomic_facts", "marker_choice", "speed", "segmentation",
                  "citation", "citation-latency", "teachers", "serve_load", "lifecycle", "fault", "hardening", "safety",
                  "safety-suite", "read-verification", "plaid-budget", "plaid-recall", "recall_misses", "openmp_wait", "residual_codecs", "scale_out", "e5", "export_parity", "batch_search",
-                 "pool_methods")}
+                 "pool_methods", "against_commit")}
 
 
 def build(results_dir: Path = RESULTS, chart: Path | None = None) -> str:
