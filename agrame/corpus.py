@@ -8,6 +8,7 @@ passage scores and all sentence scores by segment max, with no padding.
 from __future__ import annotations
 
 import bisect
+import warnings
 from dataclasses import dataclass, field
 from typing import Mapping, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -187,8 +188,12 @@ class EncodedCorpus:
             token_base += part.num_tokens
             sentence_base += int(part.sentences.shape[0])
             passage_base += len(part)
-        vectors = [torch.from_numpy(np.asarray(p.vectors)) if isinstance(p.vectors, np.ndarray) else p.vectors
-                   for p in parts]
+        with warnings.catch_warnings():
+            # Parts read from a read-only memory map (cached encodings): torch warns that the tensor must not be
+            # written, and none is — torch.cat below copies them into a new tensor.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            vectors = [torch.from_numpy(np.asarray(p.vectors)) if isinstance(p.vectors, np.ndarray) else p.vectors
+                       for p in parts]
         # Vectors left compressed (agrame.index.codec.CompressedVectors) stay compressed: exact scoring
         # then runs once over every part instead of once a part (a sharded index's exact stage).
         joined = type(vectors[0]).concat(vectors) if hasattr(vectors[0], "concat") else torch.cat(vectors)

@@ -64,7 +64,9 @@ SLOW_TESTS = {"test_a_full_disk_is_a_clear_error_and_changes_nothing", "test_two
               "test_kill_9_loop_leaves_before_or_after", "test_two_concurrent_adds_lose_nothing",
               "test_rag_quickstart_example_retrieves_and_cites", "test_index_scale_smoke",
               "test_a_full_disk_under_the_server_is_507", "test_segmentation_smoke", "test_index_build_time_smoke",
-              "test_a_chunked_body_over_the_limit_is_a_413_not_a_reset"}
+              "test_a_chunked_body_over_the_limit_is_a_413_not_a_reset",
+              "test_against_commit_runs_both_codes_alternately_and_leaves_both_trees_results",
+              "test_concat_of_read_only_vectors_warns_nothing"}
 
 
 def pytest_addoption(parser):

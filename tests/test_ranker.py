@@ -190,6 +190,31 @@ def test_select_and_concat_preserve_rankings(tiny_encoder, tmp_path):
     assert [(r.passage_id, r.start) for r in from_disk] == [(r.passage_id, r.start) for r in via_select]
 
 
+def test_concat_of_read_only_vectors_warns_nothing():
+    # Cached encodings are read-only memory maps: concat's torch.from_numpy warned that the tensor must not be
+    # written (none is: torch.cat copies). The warning is torch's warn-once, so a fresh process checks it.
+    import subprocess
+    import sys
+
+    code = """
+import warnings
+warnings.simplefilter("error")
+import numpy as np
+from agrame import Ranker
+from agrame.corpus import EncodedCorpus
+from benchmarks.common import tiny_encoder
+corpus = Ranker(tiny_encoder()).encode(["Alpha beta. Gamma delta.", "One two three."])
+parts = [corpus.select([0]), corpus.select([1])]
+for part in parts:
+    part.vectors = part.vectors.numpy().copy()
+    part.vectors.setflags(write=False)
+joined = EncodedCorpus.concat(parts)
+assert np.array_equal(joined.vectors.numpy(), corpus.vectors.numpy())
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_given_sentence_spans_replace_punkt(tiny_encoder, tmp_path):
     texts = ["Alpha beta. Gamma delta", "One two three"]
     given = [[(0, 5), (6, 23)], [(0, 3), (4, 13)]]
