@@ -23,7 +23,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import List, Sequence
 
@@ -67,12 +66,13 @@ def metric(result: dict, dotted: str) -> float:
     value = result
     for key in dotted.split("."):
         if not isinstance(value, dict) or key not in value:
-            raise SystemExit(f"error: --metric {dotted!r}: the result has no {key!r} (keys: {sorted(value)[:12]})")
+            keys = sorted(value)[:12] if isinstance(value, dict) else "none: a value, not a mapping"
+            raise SystemExit(f"error: --metric {dotted!r}: the result has no {key!r} (keys: {keys})")
         value = value[key]
     return float(value)
 
 
-def run_once(tree: Path, cache: Path, command: Sequence[str], out_dir: Path, label: str) -> dict:
+def run_once(tree: Path, cache: Path, command: Sequence[str], label: str) -> dict:
     """One run of ``python -m benchmarks.<command>`` in ``tree``; its result file is the one it wrote."""
     env = {**os.environ, "PYTHONPATH": str(tree), "AGRAME_CACHE": str(cache)}
     results = tree / "benchmarks" / "results"
@@ -92,7 +92,6 @@ def run_once(tree: Path, cache: Path, command: Sequence[str], out_dir: Path, lab
         written[0].write_bytes(kept[written[0]])
     else:
         written[0].unlink()
-    (out_dir / f"{label}.json").write_text(json.dumps(result, indent=1))
     return result
 
 
@@ -115,14 +114,12 @@ def main(argv: List[str] = None) -> None:
     caches = {"commit": earlier_cache(sha), "this": cache_root()}
     trees = {"commit": tree, "this": REPO}
     runs = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
-            for side in ("commit", "this", "this", "commit"):
-                label = f"{side}-{len(runs)}"
-                print(f"round {r + 1}/{args.rounds}: {side}", flush=True)
-                result = run_once(trees[side], caches[side], command, Path(tmp), label)
-                runs.append({"side": side, "value": metric(result, args.metric), "date": result.get("date"),
-                             "load": result.get("machine", {}).get("load"), "search": result.get("search")})
+    for r in range(args.rounds):
+        for side in ("commit", "this", "this", "commit"):
+            print(f"round {r + 1}/{args.rounds}: {side}", flush=True)
+            result = run_once(trees[side], caches[side], command, f"{side}-{len(runs)}")
+            runs.append({"side": side, "value": metric(result, args.metric), "date": result.get("date"),
+                         "load": result.get("machine", {}).get("load"), "search": result.get("search")})
     medians = {side: statistics.median(r["value"] for r in runs if r["side"] == side) for side in trees}
     name = args.name or "against_commit-" + "-".join(c for c in command[:2] if not c.startswith("-"))
     result = {"benchmark": "against_commit", "what": f"{' '.join(command)} by two versions of the code, alternately",
